@@ -1,0 +1,45 @@
+// LamportAllGather: a TP all-gather along dim 0 through Lamport mailboxes over NVLink peer
+// mappings (SPEC.md, LamportAllGather), for up to rank_capacity_bytes per rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+#include <dlpack/dlpack.h>
+
+namespace mhccl {
+
+class Communicator;
+
+// Constructed collectively over the communicator's group. One kernel per call: every rank
+// stores its 16-byte packs into slot [generation][rank] of every rank's mailbox, polls its own
+// mailbox with a bounded spin and copies the slots out in rank order. 32-bit words equal to
+// 0x80000000 (the sentinel; FP32 -0.0) arrive as 0 on every rank. TP=1 is a device copy.
+class LamportAllGather {
+ public:
+  // rank_capacity_bytes: a positive multiple of 16. Mailbox: 3 * tp * capacity bytes per rank.
+  LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes);
+  ~LamportAllGather();
+  LamportAllGather(const LamportAllGather&) = delete;
+  LamportAllGather& operator=(const LamportAllGather&) = delete;
+
+  // Whether `in` fits: 0 < bytes <= capacity and bytes % 16 == 0 (from its size alone, so every
+  // rank decides alike).
+  bool accepts(const DLTensor& in) const;
+
+  // out = every rank's `in` concatenated along dim 0 in rank order: a contiguous tensor of in's
+  // dtype and shape [tp * in.shape[0], in.shape[1:]...] on the same device. A non-contiguous or
+  // misaligned `in` is first copied into an internal staging buffer (stream-ordered).
+  void call(const DLTensor& in, const DLTensor& out, cudaStream_t stream);
+
+  int64_t rank_capacity_bytes() const;
+  size_t mailbox_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mhccl

@@ -1,0 +1,112 @@
+// AllReduceMHC: a Lamport TP all-reduce fused with DeepSeek V4.1's mHC post-mix, the collapse
+// with the carried pre-mix, RMSNorm and an optional MXFP8 layer input (SPEC.md, AllReduceMHC);
+// `finalize` also folds the MoE top-k reduction and the shared expert into the publish.
+//
+// One call = one publish launch + one consumer launch (two-shot adds the owners' reduce).
+// Algorithm: the one-shot ("LL") and two-shot ("BT") Lamport protocols of TensorRT-LLM /
+// FlashInfer all-reduce fusion, here over unicast NVLink peer mappings of NCCL symmetric
+// windows (no multicast); invariants in docs/PROTOCOL.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+#include <dlpack/dlpack.h>
+
+namespace mhccl {
+
+class Communicator;
+
+enum class Protocol {
+  kAuto,     // by row thresholds that depend on M, tp and H only (every rank decides alike)
+  kOneShot,  // LL: every rank stores its rows into every rank's mailbox, each sums all tp slots
+  kTwoShot,  // BT: row m owned by rank m % tp; owners sum and store into every rank
+  kNccl,     // ncclAllReduce on BF16 + the same fused consumer (also where peers are unreachable)
+};
+const char* protocol_name(Protocol p);
+
+struct AllReduceMHCConfig {
+  int64_t hidden_size = 5120;    // H: a multiple of 8 (of 32 with quantize_layer_input), <= 32768
+  int hc_mult = 4;               // hc: 1, 2, 4 or 8
+  int64_t max_num_tokens = 0;    // C: rows per call at most, >= 1
+  int top_k = 6;                 // routes per token of finalize, 1..16
+  bool quantize_layer_input = false;  // build the MXFP8 variant (accept mxfp8 outputs)
+  bool residual_only = false;         // build the residual-only variant (pre, norm_weight absent)
+  // A call of M rows uses two-shot when M >= two_shot_min_rows (finalize:
+  // two_shot_min_finalize_rows), one-shot below. 0 takes the default measured for (tp, H);
+  // a value above max_num_tokens disables two-shot. The one-shot mailbox holds only the rows
+  // below the larger threshold.
+  int64_t two_shot_min_rows = 0;
+  int64_t two_shot_min_finalize_rows = 0;
+  // Programmatic dependent launch: kernels may start while their predecessor runs and wait
+  // (griddepcontrol.wait) before reading anything it writes.
+  bool enable_pdl = true;
+};
+
+// Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).
+// Every tensor is a contiguous CUDA tensor on the communicator's device; BF16 and 8-bit tensors
+// 16-byte aligned, FP32/int32 ones 4-byte aligned. M is the number of rows of the call.
+struct MHCEpilogueArgs {
+  const DLTensor* residual = nullptr;     // [M, hc, H] BF16 residual streams
+  const DLTensor* post = nullptr;         // [M, hc] or [M, hc, 1] FP32 post-mix
+  const DLTensor* comb = nullptr;         // [M, hc, hc] FP32 residual mix, [source, target]
+  const DLTensor* pre = nullptr;          // [M, hc] FP32 carried pre-mix; nullptr together with
+  const DLTensor* norm_weight = nullptr;  // [H] BF16 RMSNorm weight: a residual-only call
+  float eps = 1e-6f;                      // RMSNorm epsilon, finite and >= 0
+  const DLTensor* residual_out = nullptr;  // [M, hc, H] BF16, written (may alias residual)
+  const DLTensor* layer_input = nullptr;   // [M, H] BF16, written; nullptr iff residual-only
+  const DLTensor* mxfp8_values = nullptr;  // [M, H] 8-bit E4M3, written; optional, with scales
+  const DLTensor* mxfp8_scales = nullptr;  // mxfp8_scale_bytes(M, H) 8-bit UE8M0, swizzled
+};
+
+struct AllReduceMHCCallArgs {
+  const DLTensor* x = nullptr;  // [M, H] BF16: this rank's partial sublayer output
+  MHCEpilogueArgs epilogue;
+  Protocol protocol = Protocol::kAuto;
+};
+
+struct AllReduceMHCFinalizeArgs {
+  const DLTensor* gemm2_permuted = nullptr;  // [rows, H] BF16 unweighted GEMM2 output, permuted
+  const DLTensor* expert_weights = nullptr;  // [M, top_k] FP32 routing weights (already scaled)
+  const DLTensor* expanded_idx_to_permuted_idx = nullptr;  // [M, top_k] int32, -1 = not here
+  const DLTensor* shared_output = nullptr;   // [M, H] BF16 partial shared-expert output
+  MHCEpilogueArgs epilogue;
+  Protocol protocol = Protocol::kAuto;
+};
+
+// Constructed collectively over the communicator's group (every rank, same config). Calls are
+// stream-ordered and graph-capturable; every rank must issue the same sequence of calls with
+// the same M. Outputs are written into the caller's tensors. Arguments are checked before the
+// first launch (Error(kInvalidArgument/kUnsupported)); a rejected call changes no state.
+class AllReduceMHC {
+ public:
+  AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config);
+  ~AllReduceMHC();
+  AllReduceMHC(const AllReduceMHC&) = delete;
+  AllReduceMHC& operator=(const AllReduceMHC&) = delete;
+
+  // y = bf16(sum over ranks of x, FP32 in rank order); residual_out[m,t] = bf16(post[m,t] * y +
+  // sum_s comb[m,s,t] * residual[m,s]); layer_input = RMSNorm(sum_t pre[m,t] * residual_out[m,t])
+  // * norm_weight; the MXFP8 copy of layer_input when mxfp8 outputs are given.
+  void call(const AllReduceMHCCallArgs& args, cudaStream_t stream);
+
+  // As call, with this rank's x = bf16(shared_output + sum_k w[m,k] * gemm2[idx[m,k]]) (routes
+  // of -1 skipped). An index outside [-1, rows) is never read and is reported by a later call
+  // or Communicator::check_errors() as Error(kInvalidRoute).
+  void finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream);
+
+  // The protocol kAuto picks for M rows (rank-invariant).
+  Protocol protocol_for(int64_t m, bool finalize) const;
+  // The configuration with defaults resolved (thresholds).
+  const AllReduceMHCConfig& config() const;
+  // Device memory per rank of the mailboxes (one-shot, two-shot) and fallback buffers, bytes.
+  size_t mailbox_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mhccl

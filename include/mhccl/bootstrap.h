@@ -1,0 +1,29 @@
+// Bootstrapping a TP group without MPI: which rank this process is, and the NCCL unique id
+// handed from rank 0 to the others through a file.
+#pragma once
+
+#include <string>
+
+#include <nccl.h>
+
+namespace mhccl {
+
+struct RankEnvironment {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;           // the CUDA device this rank uses by default
+  std::string unique_id_file;   // MHCCL_UNIQUE_ID_FILE
+  std::string source = "none";  // "mhccl-launch", "torchrun", "mpirun" or "none"
+};
+
+// From MHCCL_RANK / MHCCL_WORLD_SIZE / MHCCL_LOCAL_RANK (mhccl-launch), torchrun's RANK /
+// WORLD_SIZE / LOCAL_RANK, or Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, in that
+// order; none set: a single rank. Throws Error(kInvalidArgument) on malformed values.
+RankEnvironment rank_environment();
+
+// Rank 0 makes an NCCL unique id and writes it to env.unique_id_file (atomically: write, then
+// rename); the other ranks wait for that file up to timeout_ms. The path must be fresh for each
+// job (mhccl-launch makes one); a single rank needs no file.
+ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms = 120000);
+
+}  // namespace mhccl

@@ -1,0 +1,49 @@
+// Argument checks of every public op, on the host, before anything is launched (SPEC.md, Errors
+// and state). Each throws mhccl::Error whose message names the argument, what was expected and
+// what was given. They need no GPU: DLTensors are only described, never dereferenced.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <dlpack/dlpack.h>
+
+#include "mhccl/all_reduce_mhc.h"
+
+namespace mhccl {
+
+constexpr int64_t kMaxHidden = 32768;  // a row on at most 8 CTAs of 512 threads, 8 BF16 each
+constexpr int kMaxTopK = 16;
+constexpr int kMaxTp = 8;
+
+// tp in {1, 2, 4, 8}.
+void check_tp(int tp);
+
+// Construction limits: H a positive multiple of 8 (of 32 with quantize_layer_input) and at
+// most kMaxHidden; hc in {1, 2, 4, 8}; 1 <= top_k <= 16; max_num_tokens >= 1; thresholds >= 0.
+void check_all_reduce_mhc_config(const AllReduceMHCConfig& config, int tp);
+
+// Checks a call against the built config for CUDA device `device`; returns M.
+int64_t check_all_reduce_mhc_call(const AllReduceMHCConfig& config, int device,
+                                  const AllReduceMHCCallArgs& args);
+// Checks a finalize against the built config for CUDA device `device`; returns M.
+int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& config, int device,
+                                      const AllReduceMHCFinalizeArgs& args);
+
+// rank_capacity_bytes: a positive multiple of 16.
+void check_all_gather_config(int64_t rank_capacity_bytes);
+// Bytes of a tensor (numel * element size); -1 when the element size is not whole bytes.
+int64_t tensor_bytes(const DLTensor& t);
+// 0 < bytes <= capacity and bytes % 16 == 0.
+bool all_gather_accepts(int64_t rank_capacity_bytes, const DLTensor& in);
+// Checks an all-gather call; returns true when `in` must first be copied (non-contiguous, or
+// its data not 16-byte aligned).
+bool check_all_gather_call(int64_t rank_capacity_bytes, int tp, int device, const DLTensor& in,
+                           const DLTensor& out);
+
+// For messages: "bfloat16", "[3, 4, 5120]", ...
+std::string describe_dtype(const DLDataType& t);
+std::string describe_shape(const DLTensor& t);
+bool is_contiguous(const DLTensor& t);
+
+}  // namespace mhccl

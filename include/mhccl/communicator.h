@@ -1,0 +1,100 @@
+// The TP group: an NCCL communicator, symmetric mailboxes registered as NCCL windows, a device
+// table of peer pointers, and the error record that the kernels' bounded waits report into.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+namespace mhccl {
+
+struct CommunicatorOptions {
+  // Spin budget of every Lamport wait, in milliseconds. On expiry the kernel records which peer,
+  // protocol, generation and row it waited for and exits; the next call (or check_errors())
+  // throws Error(kPeerTimeout) and the communicator stays unusable. 30 s: far above any stall of
+  // a live peer in decode (a rank behind by a whole prefill step is under a second), short
+  // enough that a dead peer surfaces well before NCCL/torch watchdogs (10 min).
+  // MHCCL_WAIT_TIMEOUT_MS in the environment overrides the default.
+  uint64_t wait_timeout_ms = 30000;
+  // Use the NCCL fallback path (ncclAllReduce + the same fused consumer) even where every peer
+  // is load/store reachable.
+  bool force_nccl_fallback = false;
+};
+
+class SymmetricBuffer;
+
+// Constructed collectively: every rank of the TP group constructs one with the same arguments
+// (and its own rank). Not thread-safe; one per (process, GPU) and group.
+class Communicator {
+ public:
+  // Creates and owns an NCCL communicator of `tp` ranks from `id` (see make_unique_id), on CUDA
+  // device `device`. tp in {1, 2, 4, 8}. Throws Error(kInvalidArgument) for bad rank/tp/device,
+  // Error(kNccl/kCuda) when NCCL or CUDA fail (nothing is leaked).
+  Communicator(const ncclUniqueId& id, int rank, int tp, int device,
+               CommunicatorOptions options = {});
+  // Wraps a communicator the caller created (and keeps owning: it must outlive this object).
+  Communicator(ncclComm_t comm, int device, CommunicatorOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // A fresh NCCL unique id (rank 0 makes it, every rank receives it out of band).
+  static ncclUniqueId make_unique_id();
+
+  int rank() const;
+  int tp() const;
+  int device() const;
+  ncclComm_t nccl() const;
+  const CommunicatorOptions& options() const;
+
+  // True when every peer's memory is load/store reachable (one NVLink/P2P domain: NCCL's LSA
+  // team is the whole group) and the fallback is not forced. False: ops use the NCCL fallback.
+  bool peers_reachable() const;
+
+  // Throws the first error a kernel recorded since the last check (non-blocking: reads a
+  // host-mapped record; a kernel still running reports on a later check). kPeerTimeout leaves
+  // the communicator unusable: every later op throws Error(kUnusable) until it is rebuilt.
+  void check_errors();
+  bool usable() const;
+
+  // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`.
+  std::unique_ptr<SymmetricBuffer> alloc_symmetric(size_t bytes, uint32_t fill);
+
+  struct Impl;  // src/comm/communicator_impl.h
+  const std::shared_ptr<Impl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;  // shared with every buffer and op built on this communicator
+};
+
+// One allocation of the same size on every rank, mapped into every peer (NCCL window).
+class SymmetricBuffer {
+ public:
+  ~SymmetricBuffer();
+  SymmetricBuffer(const SymmetricBuffer&) = delete;
+  SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
+
+  void* local() const { return local_; }
+  size_t bytes() const { return bytes_; }
+  // Device array of tp pointers: peers()[r] is rank r's copy (peers()[rank] == local()).
+  void* const* peers() const { return peers_device_; }
+  // The same pointers, readable on the host.
+  void* peer(int r) const;
+  // Sets every 32-bit word back to `fill` (stream-ordered, async).
+  void fill(uint32_t fill, cudaStream_t stream) const;
+
+ private:
+  friend class Communicator;
+  SymmetricBuffer() = default;
+  struct State;
+  std::unique_ptr<State> state_;
+  void* local_ = nullptr;
+  size_t bytes_ = 0;
+  void** peers_device_ = nullptr;
+};
+
+}  // namespace mhccl

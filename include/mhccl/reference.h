@@ -1,0 +1,59 @@
+// The CPU reference: SPEC.md's arithmetic in plain C++ (FP32 with the same fmaf chains and
+// rounding points as the kernels), the oracle of every GPU test and of mhccl-bench's checks.
+// BF16 tensors are raw uint16_t bits, row-major, in host memory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mhccl::reference {
+
+// y[i] = bf16(acc), acc = +0.0f, then acc += float(x_r[i]) for r = 0..tp-1 (rank order).
+// Starting from +0.0 makes an all-zero sum +0.0 whatever the zeros' signs, as the Lamport
+// protocols give it (their mailboxes never hold -0.0).
+void all_reduce_bf16(const std::vector<const uint16_t*>& rank_inputs, int64_t n, uint16_t* y);
+
+// This rank's x of finalize: x[m,h] = bf16(acc), acc = float(shared[m,h]); for k = 0..top_k-1
+// with p = idx[m,k] in [0, rows): acc = fmaf(weights[m,k], float(gemm2[p,h]), acc). Routes of
+// -1 are skipped; any other index outside [0, rows) is skipped too and counted. Returns that count.
+int64_t finalize_rank_input(const uint16_t* gemm2, int64_t rows, const float* weights,
+                            const int32_t* idx, const uint16_t* shared, int64_t m, int64_t h,
+                            int top_k, uint16_t* x);
+
+// One sublayer boundary's mHC inputs, [m, ...] row-major.
+struct MHCProblem {
+  int64_t m = 0, h = 0;
+  int hc = 0;
+  const uint16_t* residual = nullptr;     // [m, hc, h] BF16
+  const float* post = nullptr;            // [m, hc]
+  const float* comb = nullptr;            // [m, hc, hc], [source, target]
+  const float* pre = nullptr;             // [m, hc]; nullptr: residual-only
+  const uint16_t* norm_weight = nullptr;  // [h] BF16
+  float eps = 1e-6f;
+};
+
+// residual_out[m,t,h] = bf16(acc), acc = post[m,t] * float(y[m,h]); then for s = 0..hc-1:
+//   acc = fmaf(comb[m,s,t], float(residual[m,s,h]), acc).
+// layer_input[m,h] (skipped when pre is nullptr): c = +0.0f, for t = 0..hc-1:
+//   c = fmaf(pre[m,t], float(residual_out[m,t,h]), c);  r = 1 / sqrtf(sum_h(c^2) / h + eps);
+//   layer_input = bf16((c * r) * float(norm_weight[h])).
+void mhc_epilogue(const MHCProblem& p, const uint16_t* y, uint16_t* residual_out,
+                  uint16_t* layer_input);
+
+// The layer input in FP64 from the BF16 residual_out, for checks of layer_input within 1 BF16
+// ulp (the kernels' FP32 RMS sum may associate differently from the reference's).
+void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double* out);
+
+// MXFP8 of [m, h] BF16 rows (include/mhccl/mxfp8.h): values [m, h] E4M3 and the swizzled UE8M0
+// scales, mxfp8_scale_bytes(m, h) bytes with every padding byte 0. h a multiple of 32.
+void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, uint8_t* scales);
+
+// Every rank's bytes concatenated in rank order, each 32-bit word equal to 0x80000000 turned
+// into 0 (the Lamport sentinel). bytes % 4 == 0.
+void all_gather(const std::vector<const uint8_t*>& rank_inputs, int64_t bytes, uint8_t* out);
+
+// |got - want| in units of the BF16 ulp at `want` (subnormal ulp 2^-133 near 0); NaN vs NaN is 0,
+// NaN vs a number is +Inf.
+double bf16_ulp_distance(uint16_t got, double want);
+
+}  // namespace mhccl::reference

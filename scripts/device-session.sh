@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
+# TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, bench,
+# sanitize (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mhccl-out}
+mkdir -p "$OUT"
+# NVLink multicast stays off on shared hosts (mhccl never uses it; NCCL must not either).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+stages=${*:-build tests bench}
+B=${BUILD_DIR:-build-dev}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+if [[ " $stages " == *" build "* ]]; then
+  { nvidia-smi -L; nvidia-smi topo -m; nvcc --version | tail -1; ls -la /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2>&1;
+    python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__path__[0]))' 2>&1; cmake --version | head -1; } > "$OUT/env.txt" 2>&1
+  stamp "build"
+  if ! MHCCL_EXTRA_INCLUDE_DIR=.deps/include BUILD_DIR=$B JOBS=32 scripts/build.sh > "$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1
+  fi
+  grep -h "mhccl: NCCL" "$B/CMakeFiles/CMakeOutput.log" 2>/dev/null | head -1
+  cmake -L -N "$B" 2>/dev/null | grep -E "^NCCL_(LIBRARY|INCLUDE_DIR)" 
+fi
+if [[ " $stages " == *" tests "* ]]; then
+  stamp "cpu tests"
+  "$B/tests/mhccl_cpu_tests" --gtest_brief=1 > "$OUT/cpu.log" 2>&1; echo "cpu tests rc=$?"; tail -2 "$OUT/cpu.log"
+  stamp "gpu tests (TP=1 and TP=2 as two ranks)"
+  timeout 500 "$B/tools/mhccl-launch" -n 2 --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
+  echo "gpu tests rc=$?"
+  grep -E "^\[rank [01]\] (\[  (FAILED|PASSED|SKIPPED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran)" "$OUT/gpu.log" | head -60
+fi
+if [[ " $stages " == *" bench "* ]]; then
+  stamp "mhccl-bench ${BENCH_ARGS:-}"
+  timeout 400 "$B/tools/bench/mhccl-bench" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  echo "bench rc=$?"
+  grep -E "FAIL|failed|error" "$OUT/bench.log" | head -20
+  sed -n '/^LamportAllGather, TP/,$p' "$OUT/bench.log" | head -150
+fi
+stamp "done"

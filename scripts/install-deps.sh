@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing mhccl needs and a fresh machine may lack.
+# Idempotent: a package already present is left alone. Needs root (or sudo) for apt.
+#
+#   scripts/install-deps.sh            C++ build and tests (CLI11, nlohmann-json, DLPack, GoogleTest)
+#   scripts/install-deps.sh --python   also the Python build tools (scikit-build-core, nanobind, pytest)
+#
+# The CUDA toolkit (nvcc 13, CCCL) and NCCL 2.28 are prerequisites, not installed here: see README.md.
+set -euo pipefail
+
+want_python=0
+for a in "$@"; do
+  case "$a" in
+    --python) want_python=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+apt_pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libdlpack-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "install-deps: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ((want_python)); then
+  py=${PYTHON:-python3}
+  "$py" - 2>/dev/null <<'PY' || "$py" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" pytest numpy
+import importlib, sys
+for m in ("scikit_build_core", "nanobind", "pytest", "numpy"):
+    importlib.import_module(m)
+PY
+fi
+echo "install-deps: ok"

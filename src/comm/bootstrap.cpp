@@ -1,0 +1,89 @@
+#include "mhccl/bootstrap.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "common/check.h"
+#include "mhccl/communicator.h"
+
+namespace mhccl {
+namespace {
+
+bool read_int(const char* name, int* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return false;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 20) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected a rank count or index, got '" + v + "'");
+  }
+  *out = static_cast<int>(x);
+  return true;
+}
+
+}  // namespace
+
+RankEnvironment rank_environment() {
+  RankEnvironment env;
+  struct Scheme { const char* rank; const char* size; const char* local; const char* name; };
+  const Scheme schemes[] = {
+      {"MHCCL_RANK", "MHCCL_WORLD_SIZE", "MHCCL_LOCAL_RANK", "mhccl-launch"},
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
+  };
+  for (const Scheme& s : schemes) {
+    int rank = 0, size = 0;
+    if (!read_int(s.rank, &rank) || !read_int(s.size, &size)) continue;
+    if (size < 1 || rank >= size) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(s.rank) + "=" + std::to_string(rank) +
+                                                   " is not below " + s.size + "=" + std::to_string(size));
+    }
+    env.rank = rank;
+    env.world_size = size;
+    env.local_rank = rank;
+    read_int(s.local, &env.local_rank);
+    env.source = s.name;
+    break;
+  }
+  if (const char* f = std::getenv("MHCCL_UNIQUE_ID_FILE")) env.unique_id_file = f;
+  return env;
+}
+
+ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms) {
+  if (env.world_size == 1) return Communicator::make_unique_id();
+  if (env.unique_id_file.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "MHCCL_UNIQUE_ID_FILE: expected a path (fresh for this job, visible to every "
+                "rank) through which rank 0 hands out the NCCL unique id, got none");
+  }
+  ncclUniqueId id;
+  const std::string& path = env.unique_id_file;
+  if (env.rank == 0) {
+    id = Communicator::make_unique_id();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(id.internal, sizeof id.internal);
+      if (!f) throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: cannot rename to " + path);
+    }
+    return id;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    std::ifstream f(path, std::ios::binary);
+    if (f && f.read(id.internal, sizeof id.internal)) return id;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: rank 0 wrote no id to " +
+                                                   path + " within " + std::to_string(timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace mhccl

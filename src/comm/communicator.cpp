@@ -1,0 +1,255 @@
+// Communicator: NCCL bootstrap, symmetric windows and the kernels' error record.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "comm/communicator_impl.h"
+#include "comm/peer_table.h"
+#include "common/check.h"
+#include "kernels/launch.h"
+#include "mhccl/checks.h"
+
+namespace mhccl {
+namespace {
+
+const char* protocol_label(uint32_t p) {
+  switch (p) {
+    case kernels::kProtoOneShot: return "one-shot";
+    case kernels::kProtoTwoShotOwner: return "two-shot (owner reduce)";
+    case kernels::kProtoTwoShotReduced: return "two-shot (reduced rows)";
+    case kernels::kProtoAllGather: return "all-gather";
+  }
+  return "?";
+}
+
+const char* op_label(uint32_t op) {
+  switch (op) {
+    case kernels::kOpAllGather: return "LamportAllGather";
+    case kernels::kOpAllReduceCall: return "AllReduceMHC.call";
+    case kernels::kOpAllReduceFinalize: return "AllReduceMHC.finalize";
+  }
+  return "?";
+}
+
+void check_nccl_version() {
+  int v = 0;
+  MHCCL_NCCL(ncclGetVersion(&v));
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
+  if (v / 100 != NCCL_VERSION_CODE / 100) {
+    std::ostringstream o;
+    o << "NCCL library " << v << " does not match the headers mhccl was built with ("
+      << NCCL_VERSION_CODE << "): the device API's window layout may differ. Put the NCCL mhccl "
+      << "was built against first on the library path.";
+    throw Error(ErrorCode::kNccl, o.str());
+  }
+}
+
+void init_common(Communicator::Impl& im) {
+  if (const char* env = std::getenv("MHCCL_WAIT_TIMEOUT_MS")) {
+    const long long ms = std::atoll(env);
+    if (ms > 0) im.options.wait_timeout_ms = static_cast<uint64_t>(ms);
+  }
+  detail::DeviceGuard guard(im.device);
+  MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
+  MHCCL_CUDA(cudaMalloc(&im.barrier_word, sizeof(int)));
+  MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.record), sizeof(kernels::ErrorRecord),
+                           cudaHostAllocMapped));
+  std::memset(im.record, 0, sizeof(kernels::ErrorRecord));
+  MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.record_device), im.record, 0));
+  MHCCL_CUDA(cudaMalloc(&im.device_words, 2 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMemset(im.device_words, 0, 2 * sizeof(uint32_t)));
+  im.reachable = im.tp == 1 || comm::lsa_team_size(im.comm) == im.tp;
+  if (im.options.force_nccl_fallback) im.reachable = false;
+  MHCCL_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+Communicator::Impl::~Impl() {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  if (setup_stream) cudaStreamSynchronize(setup_stream);
+  if (record) cudaFreeHost(record);
+  if (device_words) cudaFree(device_words);
+  if (barrier_word) cudaFree(barrier_word);
+  if (setup_stream) cudaStreamDestroy(setup_stream);
+  if (owns_comm && comm) ncclCommDestroy(comm);
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
+  kernels::ErrorSink s;
+  s.record = record_device;
+  s.claim = device_words;
+  s.abort_flag = device_words + 1;
+  s.timeout_ns = options.wait_timeout_ms * 1000000ull;
+  s.op = op;
+  return s;
+}
+
+void Communicator::Impl::check() {
+  if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason);
+  volatile kernels::ErrorRecord* r = record;
+  const uint32_t epoch = r->epoch;
+  if (r->ready != epoch + 1) return;
+  const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
+                               r->generation, r->row, r->value};
+  r->epoch = epoch + 1;  // consumed: the next error may be recorded
+  std::ostringstream o;
+  if (e.code == kernels::kWaitTimeout) {
+    o << op_label(e.op) << " on rank " << rank << ": waited for rank " << e.peer << " ("
+      << protocol_label(e.protocol) << ", generation " << e.generation << ", "
+      << (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") << e.row << ") longer than "
+      << options.wait_timeout_ms << " ms; rank " << e.peer
+      << " died, hung, or issued a different sequence of calls. The communicator is unusable: "
+         "destroy it and its ops and build them again";
+    unusable = true;
+    unusable_reason = o.str();
+    throw Error(ErrorCode::kPeerTimeout, o.str());
+  }
+  o << op_label(e.op) << " on rank " << rank << ": expanded_idx_to_permuted_idx of row " << e.row
+    << " holds " << e.value << ", outside [-1, rows of gemm2_permuted); that route was skipped";
+  throw Error(ErrorCode::kInvalidRoute, o.str());
+}
+
+void Communicator::Impl::barrier() {
+  detail::DeviceGuard guard(device);
+  MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+  if (tp > 1) {
+    MHCCL_NCCL(ncclAllReduce(barrier_word, barrier_word, 1, ncclInt32, ncclSum, comm, setup_stream));
+  }
+  MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+}
+
+Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
+                           CommunicatorOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  check_tp(tp);
+  if (rank < 0 || rank >= tp) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "rank: expected 0.." + std::to_string(tp - 1) + ", got " + std::to_string(rank));
+  }
+  int count = 0;
+  const cudaError_t st = cudaGetDeviceCount(&count);
+  if (st != cudaSuccess || count == 0) throw Error(ErrorCode::kNoDevice, "no CUDA device");
+  if (device < 0 || device >= count) {
+    throw Error(ErrorCode::kInvalidArgument, "device: expected 0.." + std::to_string(count - 1) +
+                                                 ", got " + std::to_string(device));
+  }
+  check_nccl_version();
+  Impl& im = *impl_;
+  im.rank = rank;
+  im.tp = tp;
+  im.device = device;
+  im.options = options;
+  detail::DeviceGuard guard(device);
+  MHCCL_NCCL(ncclCommInitRank(&im.comm, tp, id, rank));
+  im.owns_comm = true;
+  init_common(im);
+}
+
+Communicator::Communicator(ncclComm_t comm, int device, CommunicatorOptions options)
+    : impl_(std::make_shared<Impl>()) {
+  if (comm == nullptr) throw Error(ErrorCode::kInvalidArgument, "comm: expected an NCCL communicator, got null");
+  check_nccl_version();
+  Impl& im = *impl_;
+  im.comm = comm;
+  im.owns_comm = false;
+  MHCCL_NCCL(ncclCommUserRank(comm, &im.rank));
+  MHCCL_NCCL(ncclCommCount(comm, &im.tp));
+  int cu_device = -1;
+  MHCCL_NCCL(ncclCommCuDevice(comm, &cu_device));
+  if (cu_device != device) {
+    throw Error(ErrorCode::kInvalidArgument, "device: the NCCL communicator is on cuda:" +
+                                                 std::to_string(cu_device) + ", got cuda:" +
+                                                 std::to_string(device));
+  }
+  check_tp(im.tp);
+  im.device = device;
+  im.options = options;
+  init_common(im);
+}
+
+Communicator::~Communicator() = default;
+
+ncclUniqueId Communicator::make_unique_id() {
+  ncclUniqueId id;
+  MHCCL_NCCL(ncclGetUniqueId(&id));
+  return id;
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::tp() const { return impl_->tp; }
+int Communicator::device() const { return impl_->device; }
+ncclComm_t Communicator::nccl() const { return impl_->comm; }
+const CommunicatorOptions& Communicator::options() const { return impl_->options; }
+bool Communicator::peers_reachable() const { return impl_->reachable; }
+void Communicator::check_errors() { impl_->check(); }
+bool Communicator::usable() const { return !impl_->unusable; }
+
+// --- Symmetric buffers ------------------------------------------------------------------------
+struct SymmetricBuffer::State {
+  std::shared_ptr<Communicator::Impl> comm;
+  void* ptr = nullptr;
+  ncclWindow_t window = nullptr;
+  std::vector<void*> peers;
+};
+
+std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uint32_t fill) {
+  Impl& im = *impl_;
+  im.check();
+  if (!im.reachable || im.tp == 1) {
+    throw Error(ErrorCode::kUnsupported, "symmetric buffers need every peer load/store reachable");
+  }
+  detail::DeviceGuard guard(im.device);
+  const size_t size = (std::max<size_t>(bytes, 16) + 4095) / 4096 * 4096;
+  std::unique_ptr<SymmetricBuffer> buf(new SymmetricBuffer());
+  buf->state_ = std::make_unique<SymmetricBuffer::State>();
+  SymmetricBuffer::State& st = *buf->state_;
+  st.comm = impl_;
+  MHCCL_NCCL(ncclMemAlloc(&st.ptr, size));
+  MHCCL_NCCL(ncclCommWindowRegister(im.comm, st.ptr, size, &st.window, NCCL_WIN_COLL_SYMMETRIC));
+  MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
+  MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf->peers_device_), im.tp * sizeof(void*)));
+  MHCCL_CUDA(comm::launch_peer_table(st.window, im.tp, buf->peers_device_, im.setup_stream));
+  st.peers.resize(im.tp);
+  MHCCL_CUDA(cudaMemcpyAsync(st.peers.data(), buf->peers_device_, im.tp * sizeof(void*),
+                             cudaMemcpyDeviceToHost, im.setup_stream));
+  im.barrier();  // every rank's fill is done before any peer can store into it
+  if (st.peers[im.rank] != st.ptr) {
+    throw Error(ErrorCode::kNccl, "NCCL window: the peer table's own entry differs from the "
+                                  "local allocation");
+  }
+  for (int r = 0; r < im.tp; ++r) {
+    if (st.peers[r] == nullptr) {
+      throw Error(ErrorCode::kNccl, "NCCL window: no load/store mapping of rank " + std::to_string(r));
+    }
+  }
+  buf->local_ = st.ptr;
+  buf->bytes_ = size;
+  return buf;
+}
+
+SymmetricBuffer::~SymmetricBuffer() {
+  if (!state_) return;
+  State& st = *state_;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(st.comm->device);
+  cudaDeviceSynchronize();
+  if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
+  if (st.ptr) ncclMemFree(st.ptr);
+  if (peers_device_) cudaFree(peers_device_);
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+void* SymmetricBuffer::peer(int r) const { return state_->peers.at(static_cast<size_t>(r)); }
+
+void SymmetricBuffer::fill(uint32_t value, cudaStream_t stream) const {
+  MHCCL_CUDA(kernels::launch_fill_u32(local_, bytes_ / 4, value, stream));
+}
+
+}  // namespace mhccl

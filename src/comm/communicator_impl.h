@@ -1,0 +1,39 @@
+// Communicator internals shared by the ops (not installed).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/params.h"
+#include "mhccl/communicator.h"
+
+namespace mhccl {
+
+struct Communicator::Impl {
+  ncclComm_t comm = nullptr;
+  bool owns_comm = false;
+  int rank = 0;
+  int tp = 1;
+  int device = 0;
+  CommunicatorOptions options;
+  bool reachable = false;
+  cudaStream_t setup_stream = nullptr;  // construction-time work (fills, peer tables, barriers)
+  int* barrier_word = nullptr;          // device int for the construction barrier
+
+  // Error reporting (kernels/params.h, ErrorRecord).
+  kernels::ErrorRecord* record = nullptr;         // pinned, host-mapped
+  kernels::ErrorRecord* record_device = nullptr;  // its device address
+  uint32_t* device_words = nullptr;               // [0] claim, [1] abort flag
+  bool unusable = false;
+  std::string unusable_reason;
+
+  ~Impl();
+  // An error sink for kernels of operation `op`.
+  kernels::ErrorSink sink(uint32_t op) const;
+  // Throws the recorded error, if any (see Communicator::check_errors), or kUnusable.
+  void check();
+  // Every rank's setup work done (collective; used at construction time only).
+  void barrier();
+};
+
+}  // namespace mhccl

@@ -1,0 +1,52 @@
+// Turning CUDA/NCCL status codes into mhccl::Error, and a device guard.
+#pragma once
+
+#include <string>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "mhccl/error.h"
+
+namespace mhccl::detail {
+
+inline void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver
+                    ? ErrorCode::kNoDevice : ErrorCode::kCuda,
+                std::string(what) + " failed: " + cudaGetErrorName(status) + " (" +
+                    cudaGetErrorString(status) + ")");
+  }
+}
+
+inline void check_nccl(ncclResult_t status, const char* what) {
+  if (status != ncclSuccess && status != ncclInProgress) {
+    throw Error(ErrorCode::kNccl, std::string(what) + " failed: " + ncclGetErrorString(status) +
+                                      (status == ncclSystemError || status == ncclUnhandledCudaError
+                                           ? std::string(" (") + ncclGetLastError(nullptr) + ")"
+                                           : std::string()));
+  }
+}
+
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace mhccl::detail
+
+#define MHCCL_CUDA(expr) ::mhccl::detail::check_cuda((expr), #expr)
+#define MHCCL_NCCL(expr) ::mhccl::detail::check_nccl((expr), #expr)

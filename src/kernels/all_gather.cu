@@ -1,0 +1,117 @@
+// LamportAllGather kernel, and the small utility kernels (fill, strided copy).
+#include "kernels/launch.h"
+#include "kernels/lamport.cuh"
+
+namespace mhccl::kernels {
+namespace {
+
+constexpr int kAllGatherThreads = 256;
+constexpr int kAllGatherMaxCtas = 128;  // every CTA co-resident on any sm_90 part (>= 114 SMs)
+
+// One kernel: each thread first publishes its packs (grid-stride) to every peer's slot
+// [gen][rank] and to its own output rows, then collects the same packs of every peer from its
+// own mailbox. A thread waits only for the peers' threads of the same index, which publish
+// before they wait, so the co-resident grid cannot deadlock.
+__global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const AllGatherParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const uint4* in = static_cast<const uint4*>(p.in);
+  uint4* out = static_cast<uint4*>(p.out);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p.tp == 1) {
+    for (int64_t i = first; i < p.packs; i += step) out[i] = publishable<WordLanes>(ld_input(in + i));
+    return;
+  }
+  const Generation g = read_generation(p.state);
+  uint4* local = static_cast<uint4*>(p.mailboxes[0]);
+  const int64_t cap = p.capacity_packs;
+  reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap, p.tp, cap,
+                         g.prev_rows);
+  const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
+  for (int64_t i = first; i < p.packs; i += step) {
+    const uint4 v = publishable<WordLanes>(ld_input(in + i));
+#pragma unroll
+    for (int k = 1; k < kMaxTp; ++k) {
+      if (k < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[k]) + my_slot + i, v);
+    }
+    out[p.rank * p.packs + i] = v;
+  }
+  for (int64_t i = first; i < p.packs; i += step) {
+    uint4 v[kMaxTp];
+#pragma unroll
+    for (int k = 1; k < kMaxTp; ++k) {
+      const int r = (p.rank + k) % p.tp;
+      if (k < p.tp) v[k] = ld_volatile(local + (static_cast<int64_t>(g.current) * p.tp + r) * cap + i);
+    }
+#pragma unroll
+    for (int k = 1; k < kMaxTp; ++k) {
+      if (k >= p.tp) continue;
+      const int r = (p.rank + k) % p.tp;
+      const uint4* slot = local + (static_cast<int64_t>(g.current) * p.tp + r) * cap + i;
+      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i});
+      out[r * p.packs + i] = v[k];
+    }
+  }
+  arrive_and_advance(p.state, static_cast<uint32_t>(p.packs));
+}
+
+__global__ void fill_u32_kernel(uint32_t* ptr, size_t words, uint32_t value) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    ptr[i] = value;
+  }
+}
+
+__global__ void strided_copy_kernel(const StridedCopy c, int64_t numel) {
+  const char* src = static_cast<const char*>(c.src);
+  char* dst = static_cast<char*>(c.dst);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rem = i, off = 0;
+    for (int d = c.ndim - 1; d >= 0; --d) {
+      const int64_t idx = rem % c.shape[d];
+      rem /= c.shape[d];
+      off += idx * c.strides[d];
+    }
+    const char* s = src + off * c.elem_bytes;
+    char* t = dst + i * c.elem_bytes;
+    for (int b = 0; b < c.elem_bytes; ++b) t[b] = s[b];
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl) {
+  const int64_t ctas = (p.packs + kAllGatherThreads - 1) / kAllGatherThreads;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas < kAllGatherMaxCtas ? ctas : kAllGatherMaxCtas));
+  cfg.blockDim = dim3(kAllGatherThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, all_gather_kernel, p);
+}
+
+cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream) {
+  if (words == 0) return cudaSuccess;
+  const size_t blocks = (words + 255) / 256;
+  fill_u32_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(
+      static_cast<uint32_t*>(ptr), words, value);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_strided_copy(const StridedCopy& c, cudaStream_t stream) {
+  int64_t numel = 1;
+  for (int d = 0; d < c.ndim; ++d) numel *= c.shape[d];
+  if (numel == 0) return cudaSuccess;
+  const int64_t blocks = (numel + 255) / 256;
+  strided_copy_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(
+      c, numel);
+  return cudaGetLastError();
+}
+
+}  // namespace mhccl::kernels

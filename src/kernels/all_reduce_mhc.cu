@@ -1,0 +1,409 @@
+// AllReduceMHC kernels: the publish (x, or the MoE finalize reduction), the two-shot owners'
+// reduce, and the fused consumer (Lamport poll + FP32 rank-order sum + mHC post-mix + collapse
+// + RMSNorm + MXFP8). One thread owns one 16-byte pack (8 BF16) of a row; a row spans
+// tiling.ctas_per_row CTAs (a thread-block cluster whose CTAs add their RMS partial sums
+// through distributed shared memory).
+#include <cooperative_groups.h>
+
+#include "kernels/launch.h"
+#include "kernels/lamport.cuh"
+#include "mhccl/mxfp8.h"
+
+namespace mhccl::kernels {
+namespace {
+
+namespace cg = cooperative_groups;
+
+// --- MoE finalize: this rank's x of one pack ------------------------------------------------
+struct FinalizeSource {
+  const void* gemm2;
+  int64_t rows;
+  const float* weights;
+  const int32_t* routes;
+  const void* shared;
+  int top_k;
+};
+
+// x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
+// Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
+// recorded. All valid rows' packs are loaded before the first fma (top_k loads in flight).
+__device__ __forceinline__ uint4 finalize_pack(const FinalizeSource& f, int64_t row, int pack,
+                                               int np, const ErrorSink& err, bool report) {
+  float acc[8];
+  unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
+  int32_t route[kMaxTopK];
+  uint4 g[kMaxTopK];
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) {
+    route[k] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
+    if (route[k] >= 0 && route[k] < f.rows) {
+      g[k] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[k]) * np + pack);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) {
+    if (route[k] >= 0 && route[k] < f.rows) {
+      const float w = __ldg(f.weights + row * f.top_k + k);
+      float v[8];
+      unpack_bf16(g[k], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w, v[e], acc[e]);
+    } else if (report && route[k] != -1 && k < f.top_k) {
+      record_error(err, kBadRoute, 0, -1, 0, row, route[k]);
+    }
+  }
+  return pack_bf16(acc);
+}
+
+// --- Reductions -----------------------------------------------------------------------------
+// Deterministic CTA sum: xor butterfly in each warp, then the warps' sums in warp order (every
+// thread adds them itself, so no second barrier). Called by every thread of the CTA.
+__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += warp_sums[w];
+  return t;
+}
+
+// Sum over the CTAs of a row's cluster, in cluster-rank order (identical on every CTA).
+__device__ __forceinline__ float cluster_row_sum(float cta_total, float* slot, float* total_slot,
+                                                 int ctas) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = cta_total;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int i = 0; i < ctas; ++i) t += *cluster.map_shared_rank(slot, i);
+    *total_slot = t;
+  }
+  cluster.sync();  // remote reads done before any CTA exits; total_slot visible CTA-wide
+  return *total_slot;
+}
+
+// --- Kernels --------------------------------------------------------------------------------
+template <bool kFinalize>
+__global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const PublishParams p) {
+  const RowPack rp = row_pack(p.tiling, p.np);
+  pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
+  pdl_launch_dependents();
+  if (!rp.active) return;
+  const int64_t np = p.np;
+  uint4 v;
+  if constexpr (kFinalize) {
+    const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
+    v = finalize_pack(f, rp.row, rp.pack, p.np, p.err, rp.pack == 0);
+  } else {
+    v = ld_input(static_cast<const uint4*>(p.x) + rp.row * np + rp.pack);
+  }
+  if (p.dest == PublishDest::kLocal) {
+    static_cast<uint4*>(p.targets[0])[rp.row * np + rp.pack] = v;
+    return;
+  }
+  v = publishable<Bf16Lanes>(v);
+  const uint32_t gen = p.state->generation;
+  if (p.dest == PublishDest::kAllRanks) {
+    const int64_t off = ((static_cast<int64_t>(gen) * p.tp + p.rank) * p.slot_rows + rp.row) * np + rp.pack;
+#pragma unroll
+    for (int i = 0; i < kMaxTp; ++i) {
+      if (i < p.tp) st_volatile(static_cast<uint4*>(p.targets[i]) + off, v);
+    }
+  } else {  // kOwner
+    const int owner = static_cast<int>(rp.row % p.tp);
+    void* base = p.targets[0];
+#pragma unroll
+    for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
+    const int64_t off =
+        ((static_cast<int64_t>(gen) * p.tp + p.rank) * p.slot_rows + rp.row / p.tp) * np + rp.pack;
+    st_volatile(static_cast<uint4*>(base) + off, v);
+  }
+}
+
+// Two-shot: each CTA (group) sums one owned row j (row j * tp + rank) over the tp sources in
+// rank order and stores the BF16 row into every rank's reduced buffer. The grid is ceil(M/tp)
+// rows on every rank (rank-invariant); ranks owning fewer rows leave the last group idle.
+__global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
+  const RowPack rp = row_pack(p.tiling, p.np);
+  pdl_wait();
+  pdl_launch_dependents();
+  const Generation g = read_generation(p.state);
+  const int64_t np = p.np;
+  const int64_t slot_packs = p.owner_rows * np;
+  const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
+                                 ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
+  const uint4* mailbox = static_cast<const uint4*>(p.mailbox);
+  reset_slots<Bf16Lanes>(const_cast<uint4*>(mailbox) + g.previous * p.tp * slot_packs, p.tp,
+                         slot_packs, owned_prev * np);
+  const int64_t row = rp.row * p.tp + p.rank;
+  if (!rp.active || row >= p.m) return;
+  const uint4* slot = mailbox + (g.current * p.tp * p.owner_rows + rp.row) * np + rp.pack;
+  uint4 v[kMaxTp];
+#pragma unroll
+  for (int r = 0; r < kMaxTp; ++r) if (r < p.tp) v[r] = ld_volatile(slot + r * slot_packs);
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < kMaxTp; ++r) {
+    if (r >= p.tp) continue;
+    wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], p.err,
+                         WaitSite{kProtoTwoShotOwner, r, g.current, row});
+    float f[8];
+    unpack_bf16(v[r], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
+  }
+  const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
+  const int64_t off = (static_cast<int64_t>(g.current) * p.reduced_rows + row) * np + rp.pack;
+#pragma unroll
+  for (int i = 0; i < kMaxTp; ++i) {
+    if (i < p.tp) st_volatile(static_cast<uint4*>(p.reduced[i]) + off, y);
+  }
+}
+
+template <int HC, ConsumerInput IN, ConsumerVariant V>
+__global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const ConsumerParams p) {
+  __shared__ float warp_sums[kMaxThreadsPerCta / 32];
+  __shared__ float cluster_slot, cluster_total;
+  const RowPack rp = row_pack(p.tiling, p.np);
+  const int64_t np = p.np, row = rp.row;
+  const int pack = rp.pack;
+  pdl_wait();  // everything below reads the predecessors' outputs or the protocol state
+  pdl_launch_dependents();
+
+  Generation g{0, 0, 0};
+  if constexpr (IN == ConsumerInput::kPoll) {
+    g = read_generation(p.state);
+    const int64_t slot_packs = p.slot_rows * np;
+    reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
+                               g.previous * p.nslots * slot_packs,
+                           p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
+  }
+
+  // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
+  uint4 res[HC];
+  float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (rp.active) {
+#pragma unroll
+    for (int s = 0; s < HC; ++s) {
+      res[s] = ld_input(static_cast<const uint4*>(p.residual) + (row * HC + s) * np + pack);
+    }
+    if constexpr (IN == ConsumerInput::kPoll) {
+      const int64_t slot_packs = p.slot_rows * np;
+      const uint4* slot = static_cast<const uint4*>(p.in) +
+                          (static_cast<int64_t>(g.current) * p.nslots * p.slot_rows + row) * np + pack;
+      uint4 v[kMaxTp];
+#pragma unroll
+      for (int r = 0; r < kMaxTp; ++r) if (r < p.nslots) v[r] = ld_volatile(slot + r * slot_packs);
+#pragma unroll
+      for (int r = 0; r < kMaxTp; ++r) {
+        if (r >= p.nslots) continue;
+        const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
+        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], p.err,
+                             WaitSite{p.protocol, peer, g.current, row});
+        float f[8];
+        unpack_bf16(v[r], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);
+      }
+    } else {
+      uint4 x;
+      if constexpr (IN == ConsumerInput::kFinalize) {
+        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
+        x = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
+      } else {
+        x = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
+      }
+      float f[8];
+      unpack_bf16(x, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(0.0f, f[e]);  // -0.0 -> +0.0, as the protocols
+    }
+    unpack_bf16(pack_bf16(y), y);
+  }
+
+  // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
+  float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (rp.active) {
+    const float* post = p.post + row * HC;
+    const float* comb = p.comb + row * HC * HC;
+#pragma unroll
+    for (int t = 0; t < HC; ++t) {
+      const float post_t = __ldg(post + t);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(post_t, y[e]);
+#pragma unroll
+      for (int s = 0; s < HC; ++s) {
+        const float w = __ldg(comb + s * HC + t);
+        float r[8];
+        unpack_bf16(res[s], r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = __fmaf_rn(w, r[e], o[e]);
+      }
+      const uint4 ob = pack_bf16(o);
+      static_cast<uint4*>(p.residual_out)[(row * HC + t) * np + pack] = ob;
+      if constexpr (V != ConsumerVariant::kResidualOnly) {
+        const float pre_t = __ldg(p.pre + row * HC + t);
+        unpack_bf16(ob, o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = __fmaf_rn(pre_t, o[e], c[e]);
+      }
+    }
+  }
+
+  if constexpr (V != ConsumerVariant::kResidualOnly) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(c[e], c[e], ss);
+    float total = block_sum(ss, warp_sums);
+    if (p.tiling.ctas_per_row > 1) {
+      total = cluster_row_sum(total, &cluster_slot, &cluster_total, p.tiling.ctas_per_row);
+    }
+    const float h = static_cast<float>(np * 8);
+    const float rinv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, h), p.eps));
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (rp.active) {
+      float w[8];
+      unpack_bf16(ld_input(static_cast<const uint4*>(p.norm_weight) + pack), w);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(__fmul_rn(c[e], rinv), w[e]);
+      out = pack_bf16(o);
+      static_cast<uint4*>(p.layer_input)[row * np + pack] = out;
+    }
+    if constexpr (V == ConsumerVariant::kMxfp8) {
+      // amax of the 32-element block (4 packs on 4 consecutive lanes) over |bits|: NaN wins.
+      const uint32_t w4[4] = {out.x, out.y, out.z, out.w};
+      uint32_t amax = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = max(amax, max(w4[i] & 0x7FFFu, (w4[i] >> 16) & 0x7FFFu));
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const uint8_t scale = ue8m0_scale(bf16_to_float(static_cast<uint16_t>(amax)));
+      const int64_t blocks = np / 4;
+      if (rp.active) {
+        float o[8];
+        unpack_bf16(out, o);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          lo |= static_cast<uint32_t>(mxfp8_encode(o[e], scale)) << (8 * e);
+          hi |= static_cast<uint32_t>(mxfp8_encode(o[e + 4], scale)) << (8 * e);
+        }
+        reinterpret_cast<uint2*>(p.mxfp8_values)[row * np + pack] = make_uint2(lo, hi);
+        if ((pack & 3) == 0) p.mxfp8_scales[mxfp8_scale_offset(row, pack / 4, blocks)] = scale;
+      }
+      // Padding of the swizzled scales is 0: blocks [S, 4*ceil(S/4)) of this row, and all
+      // blocks of rows [M, 128*ceil(M/128)), spread over the rows' first CTAs.
+      if (rp.part == 0) {
+        const int64_t padded_blocks = (blocks + 3) / 4 * 4;
+        for (int64_t k = blocks + threadIdx.x; k < padded_blocks; k += blockDim.x) {
+          p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = 0;
+        }
+        const int64_t padded_rows = (p.m + 127) / 128 * 128;
+        for (int64_t r = p.m + row; r < padded_rows; r += p.m) {
+          for (int64_t k = threadIdx.x; k < padded_blocks; k += blockDim.x) {
+            p.mxfp8_scales[mxfp8_scale_offset(r, k, blocks)] = 0;
+          }
+        }
+      }
+    }
+  }
+
+  if constexpr (IN == ConsumerInput::kPoll) arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
+}
+
+// --- Dispatch -------------------------------------------------------------------------------
+using ConsumerFn = void (*)(ConsumerParams);
+
+template <int HC, ConsumerInput IN>
+ConsumerFn consumer_for(ConsumerVariant v) {
+  switch (v) {
+    case ConsumerVariant::kPlain: return mhc_consumer_kernel<HC, IN, ConsumerVariant::kPlain>;
+    case ConsumerVariant::kMxfp8: return mhc_consumer_kernel<HC, IN, ConsumerVariant::kMxfp8>;
+    case ConsumerVariant::kResidualOnly:
+      return mhc_consumer_kernel<HC, IN, ConsumerVariant::kResidualOnly>;
+  }
+  return nullptr;
+}
+
+template <int HC>
+ConsumerFn consumer_for(ConsumerInput in, ConsumerVariant v) {
+  switch (in) {
+    case ConsumerInput::kPoll: return consumer_for<HC, ConsumerInput::kPoll>(v);
+    case ConsumerInput::kDirect: return consumer_for<HC, ConsumerInput::kDirect>(v);
+    case ConsumerInput::kFinalize: return consumer_for<HC, ConsumerInput::kFinalize>(v);
+  }
+  return nullptr;
+}
+
+ConsumerFn consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
+  switch (hc) {
+    case 1: return consumer_for<1>(in, v);
+    case 2: return consumer_for<2>(in, v);
+    case 4: return consumer_for<4>(in, v);
+    case 8: return consumer_for<8>(in, v);
+  }
+  return nullptr;
+}
+
+template <class Params>
+cudaError_t launch_rows(void (*kernel)(Params), const Params& params, const RowTiling& t,
+                        int64_t rows, cudaStream_t stream, bool pdl) {
+  if (rows <= 0) return cudaSuccess;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows * t.ctas_per_row));
+  cfg.blockDim = dim3(static_cast<unsigned>(t.threads));
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (t.ctas_per_row > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(t.ctas_per_row);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
+}
+
+}  // namespace
+
+RowTiling row_tiling(int np, int64_t m, int ctas_per_row) {
+  (void)m;
+  const int least = (np + kMaxThreadsPerCta - 1) / kMaxThreadsPerCta;
+  int ctas = ctas_per_row > 0 ? ctas_per_row : least;
+  if (ctas < least) ctas = least;
+  if (ctas > kMaxCtasPerRow) ctas = kMaxCtasPerRow;
+  RowTiling t;
+  t.ctas_per_row = ctas;
+  t.packs_per_cta = ((np + ctas - 1) / ctas + 3) / 4 * 4;
+  t.threads = (t.packs_per_cta + 31) / 32 * 32;
+  return t;
+}
+
+cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl) {
+  return p.x != nullptr ? launch_rows(publish_kernel<false>, p, p.tiling, p.m, stream, pdl)
+                        : launch_rows(publish_kernel<true>, p, p.tiling, p.m, stream, pdl);
+}
+
+cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl) {
+  return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
+}
+
+cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
+                            ConsumerVariant variant, cudaStream_t stream, bool pdl) {
+  ConsumerFn fn = consumer_for(hc, input, variant);
+  if (fn == nullptr) return cudaErrorInvalidValue;
+  return launch_rows(fn, p, p.tiling, p.m, stream, pdl);
+}
+
+}  // namespace mhccl::kernels

@@ -1,0 +1,209 @@
+// Lamport primitives: the sentinel, 16-byte packs, volatile loads/stores over NVLink peer
+// mappings, and the one bounded wait every poll loop goes through.
+//
+// A mailbox slot holds the sentinel until its writer stores real data; writers never store the
+// sentinel (BF16 -0.0 -> +0.0, all-gather word 0x80000000 -> 0), so "no lane holds the
+// sentinel" means "all of this pack arrived". Lanes are compared as bits, never as floats.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/params.h"
+#include "mhccl/bf16.h"
+
+namespace mhccl::kernels {
+
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Programmatic dependent launch (sm_90): wait for the predecessor grid (a no-op when the kernel
+// was launched without the PDL attribute), and let the successor grid get scheduled early.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
+// Volatile (relaxed, system-scope, uncached) 16-byte accesses: polls see peers' NVLink stores.
+__device__ __forceinline__ uint4 ld_volatile(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void st_volatile(void* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// Read-only inputs of the kernel (written by predecessors, stable during it).
+__device__ __forceinline__ uint4 ld_input(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// --- Sentinels -------------------------------------------------------------------------------
+struct Bf16Lanes {  // BF16 mailboxes: 8 lanes of 16 bits a pack
+  static __device__ __forceinline__ bool pending(uint4 v) {
+    return (__vcmpeq2(v.x, kBf16SentinelPair) | __vcmpeq2(v.y, kBf16SentinelPair) |
+            __vcmpeq2(v.z, kBf16SentinelPair) | __vcmpeq2(v.w, kBf16SentinelPair)) != 0;
+  }
+  static __device__ __forceinline__ uint32_t publishable(uint32_t w) {
+    return w & ~__vcmpeq2(w, kBf16SentinelPair);  // -0.0 lanes become +0.0
+  }
+  static __device__ __forceinline__ uint4 sentinel() {
+    return make_uint4(kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair);
+  }
+};
+struct WordLanes {  // all-gather mailboxes: 4 lanes of 32 bits a pack
+  static __device__ __forceinline__ bool pending(uint4 v) {
+    return v.x == kWordSentinel || v.y == kWordSentinel || v.z == kWordSentinel ||
+           v.w == kWordSentinel;
+  }
+  static __device__ __forceinline__ uint32_t publishable(uint32_t w) {
+    return w == kWordSentinel ? 0u : w;
+  }
+  static __device__ __forceinline__ uint4 sentinel() {
+    return make_uint4(kWordSentinel, kWordSentinel, kWordSentinel, kWordSentinel);
+  }
+};
+template <class Lanes>
+__device__ __forceinline__ uint4 publishable(uint4 v) {
+  return make_uint4(Lanes::publishable(v.x), Lanes::publishable(v.y), Lanes::publishable(v.z),
+                    Lanes::publishable(v.w));
+}
+
+// --- Errors ----------------------------------------------------------------------------------
+__device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
+                                             int peer, uint32_t generation, int64_t row,
+                                             int64_t value) {
+  volatile ErrorRecord* r = e.record;
+  const uint32_t epoch = r->epoch;
+  if (atomicCAS(e.claim, epoch, epoch + 1) != epoch) return;  // an earlier error stands
+  r->code = code;
+  r->op = e.op;
+  r->protocol = protocol;
+  r->peer = peer;
+  r->generation = generation;
+  r->row = static_cast<int32_t>(row);
+  r->value = value;
+  __threadfence_system();
+  r->ready = epoch + 1;
+  __threadfence_system();
+}
+
+// Where a wait waits, for the error record.
+struct WaitSite {
+  uint32_t protocol;
+  int peer;
+  uint32_t generation;
+  int64_t row;
+};
+
+// The one bounded wait: re-loads *slot until no lane holds the sentinel. `v` holds a first load
+// made by the caller (so several slots' loads can be in flight together). Returns false when
+// the spin budget expired (recorded, and every other wait of the communicator is told to stop)
+// or another wait already expired; the caller then goes on with whatever it holds, so the
+// kernel ends and the host reports the error.
+template <class Lanes>
+__device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e,
+                                          const WaitSite& site) {
+  if (!Lanes::pending(v)) return true;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+    v = ld_volatile(slot);
+    if (!Lanes::pending(v)) return true;
+    if ((spin & 255u) == 0) {
+      if (*reinterpret_cast<volatile uint32_t*>(e.abort_flag) != 0) return false;
+      if (global_timer_ns() - start > e.timeout_ns) {
+        record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0);
+        atomicExch(e.abort_flag, 1u);
+        return false;
+      }
+    }
+  }
+}
+
+// --- Protocol state --------------------------------------------------------------------------
+struct Generation {
+  uint32_t current;   // slots this call writes and reads
+  uint32_t previous;  // slots of the previous call, reset by this one
+  uint32_t prev_rows;
+};
+__device__ __forceinline__ Generation read_generation(const LamportState* s) {
+  Generation g;
+  g.current = s->generation;
+  g.previous = (g.current + kGenerations - 1) % kGenerations;
+  g.prev_rows = s->prev_rows;
+  return g;
+}
+
+// Called by every CTA of a call's last kernel once all its threads have read the state: the
+// last CTA to arrive advances the generation and records this call's rows.
+__device__ __forceinline__ void arrive_and_advance(LamportState* s, uint32_t rows) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  const uint32_t total = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(&s->arrived, 1u) == total - 1) {
+    s->arrived = 0;
+    s->generation = (s->generation + 1) % kGenerations;
+    s->prev_rows = rows;
+    s->calls += 1;
+    __threadfence();
+  }
+}
+
+// Resets `count` packs at `base` (+ i * stride_packs for rows of one slot) to the sentinel,
+// spread over the whole grid.
+template <class Lanes>
+__device__ __forceinline__ void reset_slots(void* base, int nslots, int64_t slot_stride_packs,
+                                            int64_t packs_per_slot) {
+  const int64_t total = static_cast<int64_t>(nslots) * packs_per_slot;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    const int64_t slot = i / packs_per_slot;
+    const int64_t off = slot * slot_stride_packs + (i - slot * packs_per_slot);
+    st_volatile(static_cast<uint4*>(base) + off, Lanes::sentinel());
+  }
+}
+
+// --- BF16 packs ------------------------------------------------------------------------------
+__device__ __forceinline__ void unpack_bf16(uint4 v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 t = __floats2bfloat162_rn(lo, hi);  // one cvt.rn.bf16x2.f32
+  return *reinterpret_cast<const uint32_t*>(&t);
+}
+__device__ __forceinline__ uint4 pack_bf16(const float (&f)[8]) {
+  return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                    pack_bf16x2(f[6], f[7]));
+}
+
+// Position of this thread's pack in a row tiled by RowTiling (one pack a thread).
+struct RowPack {
+  int64_t row;
+  int part;     // CTA within the row (cluster rank)
+  int pack;     // pack index within the row
+  bool active;  // pack < np
+};
+__device__ __forceinline__ RowPack row_pack(const RowTiling& t, int np) {
+  RowPack r;
+  r.row = blockIdx.x / t.ctas_per_row;
+  r.part = static_cast<int>(blockIdx.x % t.ctas_per_row);
+  r.pack = r.part * t.packs_per_cta + static_cast<int>(threadIdx.x);
+  r.active = static_cast<int>(threadIdx.x) < t.packs_per_cta && r.pack < np;
+  return r;
+}
+
+}  // namespace mhccl::kernels

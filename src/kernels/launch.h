@@ -1,0 +1,34 @@
+// Host entry points of the kernels (src/kernels/*.cu); src/ops/ builds the params.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/params.h"
+
+namespace mhccl::kernels {
+
+// The tiling of rows of np packs for an epilogue over hc streams (rank-invariant). With
+// ctas_per_row == 0 the default for (np, m); otherwise at least the minimum that fits.
+RowTiling row_tiling(int np, int64_t m, int ctas_per_row = 0);
+
+cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl);
+cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);
+cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
+                            ConsumerVariant variant, cudaStream_t stream, bool pdl);
+cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
+
+// Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.
+cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream);
+
+// Copy of a strided tensor (up to 8 dims, strides in elements) into a contiguous buffer.
+struct StridedCopy {
+  const void* src;
+  void* dst;
+  int ndim;
+  int64_t shape[8];
+  int64_t strides[8];
+  int elem_bytes;
+};
+cudaError_t launch_strided_copy(const StridedCopy& c, cudaStream_t stream);
+
+}  // namespace mhccl::kernels

@@ -1,0 +1,159 @@
+// Plain structs shared by the host launchers and the kernels (no CUDA-only types).
+#pragma once
+
+#include <cstdint>
+
+namespace mhccl::kernels {
+
+constexpr int kGenerations = 3;  // call k uses generation k % 3 and resets k-1's (PROTOCOL.md)
+constexpr int kMaxTp = 8;
+constexpr int kMaxTopK = 16;
+constexpr uint32_t kBf16SentinelPair = 0x80008000u;  // two BF16 -0.0: an empty mailbox word
+constexpr uint32_t kWordSentinel = 0x80000000u;      // an empty all-gather mailbox word
+constexpr int kMaxThreadsPerCta = 512;  // 128 registers a thread for the hc = 8 epilogue
+constexpr int kMaxCtasPerRow = 8;  // portable cluster size
+
+// What a kernel's bounded wait or a finalize route check records, in host-mapped memory. The
+// host owns `epoch`; a kernel claims the record with a CAS of a device word from epoch to
+// epoch + 1 (the first error wins), writes the fields, then sets ready = epoch + 1 last, so the
+// host never reads a half-written record. The host consumes it by advancing epoch.
+enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2 };
+enum OpKind : uint32_t { kOpAllGather = 1, kOpAllReduceCall = 2, kOpAllReduceFinalize = 3 };
+enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProtoTwoShotReduced = 3,
+                               kProtoAllGather = 4 };
+
+struct ErrorRecord {
+  uint32_t epoch;      // written by the host only
+  uint32_t ready;      // epoch + 1 once the fields below are complete
+  uint32_t code;
+  uint32_t op;
+  uint32_t protocol;
+  int32_t peer;        // rank waited for (timeout)
+  uint32_t generation;
+  int32_t row;         // row (or pack, for the all-gather) waited for / with the bad route
+  int64_t value;       // the bad route index
+};
+
+struct ErrorSink {
+  ErrorRecord* record;   // host-mapped, pinned
+  uint32_t* claim;       // device memory: CAS target, equal to the record's epoch while free
+  uint32_t* abort_flag;  // device memory: set once a wait expired, so other waits stop early
+  uint64_t timeout_ns;   // spin budget of one wait
+  uint32_t op;
+};
+
+// Device-resident protocol state, advanced by the kernels themselves so that CUDA-graph
+// replays stay right: the generation of the current call and the rows of the previous call
+// (whose slots this call resets). `arrived` counts CTAs of the last kernel of a call; the last
+// one to arrive advances the state.
+struct LamportState {
+  uint32_t generation;
+  uint32_t prev_rows;
+  uint32_t arrived;
+  uint32_t calls;
+};
+
+// How a row of np 16-byte packs maps onto CTAs: ctas_per_row CTAs (a thread-block cluster when
+// > 1), each of `threads` threads covering packs_per_cta packs (a multiple of 4, so an MXFP8
+// block of 4 packs never straddles CTAs), one pack per thread. Rank-invariant: a function of
+// (M, H) only.
+struct RowTiling {
+  int ctas_per_row;
+  int threads;
+  int packs_per_cta;
+};
+
+enum class PublishDest : int {
+  kAllRanks = 0,  // one-shot: slot [gen][rank][m] of every rank's mailbox
+  kOwner = 1,     // two-shot: slot [gen][rank][m / tp] of rank (m % tp)'s mailbox
+  kLocal = 2,     // NCCL fallback of finalize: row m of a local buffer, no Lamport
+};
+
+struct PublishParams {
+  // Source: x (call) or the finalize inputs (x == nullptr).
+  const void* x;
+  const void* gemm2;
+  int64_t gemm2_rows;
+  const float* weights;
+  const int32_t* routes;
+  const void* shared;
+  int top_k;
+  int64_t m;
+  int np;  // packs per row = H / 8
+  RowTiling tiling;
+  PublishDest dest;
+  // kAllRanks: the tp mailbox bases rotated so targets[i] is rank (rank + 1 + i) % tp's (remote
+  // stores first, the local one last); kOwner: targets[r] is rank r's; kLocal: targets[0].
+  void* targets[kMaxTp];
+  int tp;
+  int rank;
+  int64_t slot_rows;  // rows per [gen][source] slot of the destination mailbox
+  const LamportState* state;
+  ErrorSink err;
+};
+
+enum class ConsumerInput : int {
+  kPoll = 0,      // Lamport slots [gen][0..nslots)[m] of a local mailbox (one-shot, two-shot)
+  kDirect = 1,    // plain BF16 rows [M, H] (TP=1 x, NCCL fallback's reduced rows)
+  kFinalize = 2,  // TP=1 finalize: this rank's x computed from the finalize inputs
+};
+enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
+
+struct ConsumerParams {
+  const void* in;  // kPoll: local mailbox; kDirect: rows
+  int nslots;
+  int64_t slot_rows;
+  LamportState* state;  // kPoll only
+  uint32_t protocol;    // for error records
+  int tp;               // rank m % tp owns row m (two-shot: the peer a reduced-row wait names)
+  // kFinalize
+  const void* gemm2;
+  int64_t gemm2_rows;
+  const float* weights;
+  const int32_t* routes;
+  const void* shared;
+  int top_k;
+  // epilogue
+  const void* residual;
+  const float* post;
+  const float* comb;
+  const float* pre;
+  const void* norm_weight;
+  float eps;
+  void* residual_out;
+  void* layer_input;
+  void* mxfp8_values;
+  uint8_t* mxfp8_scales;
+  int64_t m;
+  int np;
+  RowTiling tiling;
+  ErrorSink err;
+};
+
+struct OwnerReduceParams {
+  const void* mailbox;          // local contributions [gen][source][owned row][np]
+  void* reduced[kMaxTp];        // every rank's reduced rows [gen][C][np], rotated as PublishParams::targets
+  int tp;
+  int rank;
+  int64_t owner_rows;           // rows per [gen][source] slot = ceil(C / tp)
+  int64_t reduced_rows;         // rows per generation of the reduced buffer = C
+  int64_t m;
+  int np;
+  RowTiling tiling;
+  const LamportState* state;
+  ErrorSink err;
+};
+
+struct AllGatherParams {
+  const void* in;
+  void* out;
+  void* mailboxes[kMaxTp];  // mailboxes[i]: rank (rank + i) % tp's [gen][source][capacity packs]
+  int tp;
+  int rank;
+  int64_t packs;           // this call's packs per rank
+  int64_t capacity_packs;
+  LamportState* state;
+  ErrorSink err;
+};
+
+}  // namespace mhccl::kernels

@@ -1,0 +1,111 @@
+// LamportAllGather host side (include/mhccl/all_gather.h).
+#include "mhccl/all_gather.h"
+
+#include "comm/communicator_impl.h"
+#include "common/check.h"
+#include "kernels/launch.h"
+#include "mhccl/checks.h"
+
+namespace mhccl {
+
+struct LamportAllGather::Impl {
+  std::shared_ptr<Communicator::Impl> comm;
+  int64_t capacity = 0;
+  std::unique_ptr<SymmetricBuffer> mailbox;  // [gen][source rank][capacity bytes]
+  kernels::LamportState* state = nullptr;
+  void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
+
+  ~Impl() {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(comm->device);
+    cudaDeviceSynchronize();
+    if (state) cudaFree(state);
+    if (staging) cudaFree(staging);
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+};
+
+LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  check_all_gather_config(rank_capacity_bytes);
+  Impl& im = *impl_;
+  im.comm = comm.impl();
+  im.comm->check();
+  im.capacity = rank_capacity_bytes;
+  detail::DeviceGuard guard(im.comm->device);
+  if (im.comm->tp > 1 && im.comm->reachable) {
+    im.mailbox = comm.alloc_symmetric(
+        static_cast<size_t>(kernels::kGenerations * im.comm->tp * rank_capacity_bytes),
+        kernels::kWordSentinel);
+    MHCCL_CUDA(cudaMalloc(&im.state, sizeof(kernels::LamportState)));
+    MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
+    MHCCL_CUDA(cudaStreamSynchronize(im.comm->setup_stream));
+  }
+  MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
+}
+
+LamportAllGather::~LamportAllGather() = default;
+
+bool LamportAllGather::accepts(const DLTensor& in) const {
+  return all_gather_accepts(impl_->capacity, in);
+}
+
+void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_t stream) {
+  Impl& im = *impl_;
+  Communicator::Impl& c = *im.comm;
+  c.check();
+  const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
+  if (needs_copy && in.ndim > 8) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "input: a non-contiguous input of at most 8 dimensions can be copied, got " +
+                    std::to_string(in.ndim));
+  }
+  detail::DeviceGuard guard(c.device);
+  const int64_t bytes = tensor_bytes(in);
+  const void* src = static_cast<const char*>(in.data) + in.byte_offset;
+  if (needs_copy) {
+    if (is_contiguous(in)) {
+      MHCCL_CUDA(cudaMemcpyAsync(im.staging, src, static_cast<size_t>(bytes),
+                                 cudaMemcpyDeviceToDevice, stream));
+    } else {
+      kernels::StridedCopy sc = {};
+      sc.src = src;
+      sc.dst = im.staging;
+      sc.ndim = in.ndim;
+      for (int d = 0; d < in.ndim; ++d) {
+        sc.shape[d] = in.shape[d];
+        sc.strides[d] = in.strides[d];
+      }
+      sc.elem_bytes = in.dtype.bits * in.dtype.lanes / 8;
+      MHCCL_CUDA(kernels::launch_strided_copy(sc, stream));
+    }
+    src = im.staging;
+  }
+  void* dst = static_cast<char*>(out.data) + out.byte_offset;
+  if (c.tp > 1 && !c.reachable) {  // NCCL fallback (no sentinel: words arrive unchanged)
+    MHCCL_NCCL(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
+    return;
+  }
+  kernels::AllGatherParams p = {};
+  p.in = src;
+  p.out = dst;
+  p.tp = c.tp;
+  p.rank = c.rank;
+  p.packs = bytes / 16;
+  p.capacity_packs = im.capacity / 16;
+  p.state = im.state;
+  p.err = c.sink(kernels::kOpAllGather);
+  if (c.tp > 1) {
+    for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);
+  }
+  MHCCL_CUDA(kernels::launch_all_gather(p, stream, true));
+}
+
+int64_t LamportAllGather::rank_capacity_bytes() const { return impl_->capacity; }
+
+size_t LamportAllGather::mailbox_bytes() const {
+  return impl_->mailbox ? impl_->mailbox->bytes() : 0;
+}
+
+}  // namespace mhccl

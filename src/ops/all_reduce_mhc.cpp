@@ -1,0 +1,300 @@
+// AllReduceMHC host side: buffers, protocol choice, launches (include/mhccl/all_reduce_mhc.h).
+#include "mhccl/all_reduce_mhc.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "comm/communicator_impl.h"
+#include "common/check.h"
+#include "kernels/launch.h"
+#include "mhccl/checks.h"
+
+namespace mhccl {
+
+const char* protocol_name(Protocol p) {
+  switch (p) {
+    case Protocol::kAuto: return "auto";
+    case Protocol::kOneShot: return "one-shot";
+    case Protocol::kTwoShot: return "two-shot";
+    case Protocol::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+namespace {
+
+using kernels::ConsumerInput;
+using kernels::ConsumerParams;
+using kernels::ConsumerVariant;
+using kernels::PublishDest;
+using kernels::PublishParams;
+
+// Rows from which two-shot beats one-shot (docs/PERFORMANCE.md, measured on H200 x2; larger tp
+// extrapolated until measured): one-shot moves (tp - 1) rows per row over NVLink, two-shot
+// 2 (tp - 1) / tp, so two-shot pays off only at tp > 2, and later for finalize, whose publish
+// is heavier.
+int64_t default_two_shot_min_rows(int tp, bool finalize) {
+  switch (tp) {
+    case 2: return finalize ? 4096 : 4096;
+    case 4: return finalize ? 512 : 384;
+    default: return finalize ? 256 : 192;
+  }
+}
+
+const void* data_of(const DLTensor* t) {
+  return t == nullptr ? nullptr : static_cast<const char*>(t->data) + t->byte_offset;
+}
+void* mutable_data_of(const DLTensor* t) { return const_cast<void*>(data_of(t)); }
+
+}  // namespace
+
+struct AllReduceMHC::Impl {
+  std::shared_ptr<Communicator::Impl> comm;
+  AllReduceMHCConfig cfg;
+  int np = 0;
+  int64_t ll_rows = 0;     // rows of the one-shot mailbox
+  int64_t owner_rows = 0;  // two-shot rows a rank owns at most: ceil(C / tp)
+  bool bt_built = false;
+  std::unique_ptr<SymmetricBuffer> ll_mailbox, bt_mailbox, bt_reduced;
+  kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
+  void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
+  int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
+
+  ~Impl() {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(comm->device);
+    cudaDeviceSynchronize();
+    if (states) cudaFree(states);
+    if (fallback_rows) cudaFree(fallback_rows);
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+
+  int64_t threshold(bool finalize) const {
+    return finalize ? cfg.two_shot_min_finalize_rows : cfg.two_shot_min_rows;
+  }
+
+  Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
+    if (comm->tp == 1) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
+    if (!comm->reachable) {
+      if (forced == Protocol::kOneShot || forced == Protocol::kTwoShot) {
+        throw Error(ErrorCode::kUnsupported,
+                    std::string("protocol ") + protocol_name(forced) +
+                        ": peers are not load/store reachable (or the NCCL fallback is forced); "
+                        "only the NCCL fallback runs here");
+      }
+      return Protocol::kNccl;
+    }
+    Protocol p = forced;
+    if (p == Protocol::kAuto) p = m >= threshold(finalize) ? Protocol::kTwoShot : Protocol::kOneShot;
+    if (p == Protocol::kOneShot && m > ll_rows) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "protocol one-shot: its mailbox holds " + std::to_string(ll_rows) +
+                      " rows (below the two-shot thresholds), got M=" + std::to_string(m));
+    }
+    if (p == Protocol::kTwoShot && !bt_built) {
+      throw Error(ErrorCode::kUnsupported,
+                  "protocol two-shot: not built, max_num_tokens " + std::to_string(cfg.max_num_tokens) +
+                      " is below both two-shot thresholds");
+    }
+    return p;
+  }
+
+  void ensure_fallback_rows(cudaStream_t stream) {
+    if (fallback_rows != nullptr) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    MHCCL_CUDA(cudaStreamIsCapturing(stream, &status));
+    if (status != cudaStreamCaptureStatusNone) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "protocol nccl: its buffer is allocated by the first NCCL-path call, which must "
+                  "not be under CUDA-graph capture; make one such call before capturing");
+    }
+    MHCCL_CUDA(cudaMalloc(&fallback_rows, cfg.max_num_tokens * cfg.hidden_size * 2));
+  }
+
+  void run(const DLTensor* x, const AllReduceMHCFinalizeArgs* fin, const MHCEpilogueArgs& e,
+           Protocol forced, int64_t m, cudaStream_t stream) {
+    const bool finalize = fin != nullptr;
+    const Protocol proto = resolve(m, finalize, forced);
+    Communicator::Impl& c = *comm;
+    detail::DeviceGuard guard(c.device);
+    const bool pdl = cfg.enable_pdl;
+    const uint32_t op = finalize ? kernels::kOpAllReduceFinalize : kernels::kOpAllReduceCall;
+
+    ConsumerParams cp = {};
+    cp.residual = data_of(e.residual);
+    cp.post = static_cast<const float*>(data_of(e.post));
+    cp.comb = static_cast<const float*>(data_of(e.comb));
+    cp.pre = static_cast<const float*>(data_of(e.pre));
+    cp.norm_weight = data_of(e.norm_weight);
+    cp.eps = e.eps;
+    cp.residual_out = mutable_data_of(e.residual_out);
+    cp.layer_input = mutable_data_of(e.layer_input);
+    cp.mxfp8_values = mutable_data_of(e.mxfp8_values);
+    cp.mxfp8_scales = static_cast<uint8_t*>(mutable_data_of(e.mxfp8_scales));
+    cp.m = m;
+    cp.np = np;
+    cp.tiling = kernels::row_tiling(np, m, ctas_per_row);
+    cp.err = c.sink(op);
+    cp.tp = c.tp;
+    const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
+                                    : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
+                                                                : ConsumerVariant::kPlain;
+
+    PublishParams pp = {};
+    pp.x = finalize ? nullptr : data_of(x);
+    if (finalize) {
+      pp.gemm2 = data_of(fin->gemm2_permuted);
+      pp.gemm2_rows = fin->gemm2_permuted->shape[0];
+      pp.weights = static_cast<const float*>(data_of(fin->expert_weights));
+      pp.routes = static_cast<const int32_t*>(data_of(fin->expanded_idx_to_permuted_idx));
+      pp.shared = data_of(fin->shared_output);
+      pp.top_k = cfg.top_k;
+    }
+    pp.m = m;
+    pp.np = np;
+    pp.tiling = cp.tiling;
+    pp.tp = c.tp;
+    pp.rank = c.rank;
+    pp.err = cp.err;
+
+    ConsumerInput input = ConsumerInput::kPoll;
+    if (c.tp == 1) {
+      if (finalize) {
+        input = ConsumerInput::kFinalize;
+        cp.gemm2 = pp.gemm2;
+        cp.gemm2_rows = pp.gemm2_rows;
+        cp.weights = pp.weights;
+        cp.routes = pp.routes;
+        cp.shared = pp.shared;
+        cp.top_k = pp.top_k;
+      } else {
+        input = ConsumerInput::kDirect;
+        cp.in = pp.x;
+      }
+    } else if (proto == Protocol::kOneShot) {
+      pp.dest = PublishDest::kAllRanks;
+      for (int i = 0; i < c.tp; ++i) pp.targets[i] = ll_mailbox->peer((c.rank + 1 + i) % c.tp);
+      pp.slot_rows = ll_rows;
+      pp.state = &states[0];
+      MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+      cp.in = ll_mailbox->local();
+      cp.nslots = c.tp;
+      cp.slot_rows = ll_rows;
+      cp.state = &states[0];
+      cp.protocol = kernels::kProtoOneShot;
+    } else if (proto == Protocol::kTwoShot) {
+      pp.dest = PublishDest::kOwner;
+      for (int r = 0; r < c.tp; ++r) pp.targets[r] = bt_mailbox->peer(r);
+      pp.slot_rows = owner_rows;
+      pp.state = &states[1];
+      MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+      kernels::OwnerReduceParams orp = {};
+      orp.mailbox = bt_mailbox->local();
+      for (int i = 0; i < c.tp; ++i) orp.reduced[i] = bt_reduced->peer((c.rank + 1 + i) % c.tp);
+      orp.tp = c.tp;
+      orp.rank = c.rank;
+      orp.owner_rows = owner_rows;
+      orp.reduced_rows = cfg.max_num_tokens;
+      orp.m = m;
+      orp.np = np;
+      orp.tiling = cp.tiling;
+      orp.state = &states[1];
+      orp.err = cp.err;
+      MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
+      cp.in = bt_reduced->local();
+      cp.nslots = 1;
+      cp.slot_rows = cfg.max_num_tokens;
+      cp.state = &states[1];
+      cp.protocol = kernels::kProtoTwoShotReduced;
+    } else {  // NCCL fallback: all-reduce the BF16 rows, then the same consumer on them
+      ensure_fallback_rows(stream);
+      const void* src = pp.x;
+      if (finalize) {
+        pp.dest = PublishDest::kLocal;
+        pp.targets[0] = fallback_rows;
+        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+        src = fallback_rows;
+      }
+      MHCCL_NCCL(ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size),
+                               ncclBfloat16, ncclSum, c.comm, stream));
+      input = ConsumerInput::kDirect;
+      cp.in = fallback_rows;
+    }
+    MHCCL_CUDA(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl));
+  }
+};
+
+AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  im.comm = comm.impl();
+  Communicator::Impl& c = *im.comm;
+  c.check();
+  check_all_reduce_mhc_config(config, c.tp);
+  im.cfg = config;
+  AllReduceMHCConfig& cfg = im.cfg;
+  if (cfg.two_shot_min_rows == 0) cfg.two_shot_min_rows = default_two_shot_min_rows(c.tp, false);
+  if (cfg.two_shot_min_finalize_rows == 0) {
+    cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(c.tp, true);
+  }
+  im.np = static_cast<int>(cfg.hidden_size / 8);
+  if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
+  detail::DeviceGuard guard(c.device);
+  const int64_t row_bytes = cfg.hidden_size * 2;
+  const int64_t cap = cfg.max_num_tokens;
+  if (c.tp > 1 && c.reachable) {
+    const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
+    const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
+    im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
+    im.ll_mailbox = comm.alloc_symmetric(
+        static_cast<size_t>(kernels::kGenerations * c.tp * im.ll_rows * row_bytes),
+        kernels::kBf16SentinelPair);
+    im.bt_built = cap >= lo;
+    if (im.bt_built) {
+      im.owner_rows = (cap + c.tp - 1) / c.tp;
+      im.bt_mailbox = comm.alloc_symmetric(
+          static_cast<size_t>(kernels::kGenerations * c.tp * im.owner_rows * row_bytes),
+          kernels::kBf16SentinelPair);
+      im.bt_reduced = comm.alloc_symmetric(
+          static_cast<size_t>(kernels::kGenerations * cap * row_bytes), kernels::kBf16SentinelPair);
+    }
+    MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
+    MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
+    MHCCL_CUDA(cudaStreamSynchronize(c.setup_stream));
+  } else if (c.tp > 1) {
+    MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
+  }
+}
+
+AllReduceMHC::~AllReduceMHC() = default;
+
+void AllReduceMHC::call(const AllReduceMHCCallArgs& args, cudaStream_t stream) {
+  impl_->comm->check();
+  const int64_t m = check_all_reduce_mhc_call(impl_->cfg, impl_->comm->device, args);
+  impl_->run(args.x, nullptr, args.epilogue, args.protocol, m, stream);
+}
+
+void AllReduceMHC::finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream) {
+  impl_->comm->check();
+  const int64_t m = check_all_reduce_mhc_finalize(impl_->cfg, impl_->comm->device, args);
+  impl_->run(nullptr, &args, args.epilogue, args.protocol, m, stream);
+}
+
+Protocol AllReduceMHC::protocol_for(int64_t m, bool finalize) const {
+  return impl_->resolve(m, finalize, Protocol::kAuto);
+}
+
+const AllReduceMHCConfig& AllReduceMHC::config() const { return impl_->cfg; }
+
+size_t AllReduceMHC::mailbox_bytes() const {
+  const Impl& im = *impl_;
+  size_t b = 0;
+  for (const auto* buf : {im.ll_mailbox.get(), im.bt_mailbox.get(), im.bt_reduced.get()}) {
+    if (buf) b += buf->bytes();
+  }
+  if (im.fallback_rows) b += static_cast<size_t>(im.cfg.max_num_tokens * im.cfg.hidden_size * 2);
+  return b;
+}
+
+}  // namespace mhccl

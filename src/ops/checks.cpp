@@ -1,0 +1,354 @@
+// Host-side argument checks (include/mhccl/checks.h). Pure C++: no CUDA call, no dereference.
+#include "mhccl/checks.h"
+
+#include <cmath>
+#include <initializer_list>
+#include <sstream>
+#include <vector>
+
+#include "mhccl/error.h"
+#include "mhccl/mxfp8.h"
+
+namespace mhccl {
+namespace {
+
+[[noreturn]] void invalid(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, msg); }
+[[noreturn]] void unsupported(const std::string& msg) { throw Error(ErrorCode::kUnsupported, msg); }
+
+enum class Kind { kBF16, kF32, kI32, kByte };
+
+bool dtype_is(const DLDataType& t, Kind k) {
+  if (t.lanes != 1) return false;
+  switch (k) {
+    case Kind::kBF16: return t.code == kDLBfloat && t.bits == 16;
+    case Kind::kF32: return t.code == kDLFloat && t.bits == 32;
+    case Kind::kI32: return t.code == kDLInt && t.bits == 32;
+    case Kind::kByte:  // uint8, int8 or one of DLPack's float8 codes (7..13)
+      return t.bits == 8 && (t.code == kDLInt || t.code == kDLUInt || (t.code >= 7 && t.code <= 13));
+  }
+  return false;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kBF16: return "bfloat16";
+    case Kind::kF32: return "float32";
+    case Kind::kI32: return "int32";
+    case Kind::kByte: return "an 8-bit type (uint8 or float8_e4m3fn)";
+  }
+  return "?";
+}
+
+int align_of(Kind k) { return (k == Kind::kBF16 || k == Kind::kByte) ? 16 : 4; }
+
+std::string shape_str(std::initializer_list<int64_t> s) {
+  std::ostringstream o;
+  o << '[';
+  const char* sep = "";
+  for (int64_t d : s) { o << sep << d; sep = ", "; }
+  o << ']';
+  return o.str();
+}
+
+uintptr_t data_address(const DLTensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>(t.byte_offset);
+}
+
+int64_t numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// Dtype, device, contiguity and alignment of a present tensor.
+void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
+  if (!dtype_is(t.dtype, kind)) {
+    invalid(std::string(name) + ": expected dtype " + kind_name(kind) + ", got " +
+            describe_dtype(t.dtype));
+  }
+  if (t.device.device_type != kDLCUDA || t.device.device_id != device) {
+    std::ostringstream o;
+    o << name << ": expected a CUDA tensor on device cuda:" << device << ", got "
+      << (t.device.device_type == kDLCUDA ? "cuda:" : "device type ")
+      << (t.device.device_type == kDLCUDA ? t.device.device_id : int(t.device.device_type));
+    invalid(o.str());
+  }
+  if (!is_contiguous(t)) {
+    invalid(std::string(name) + ": expected a contiguous (row-major) tensor, got shape " +
+            describe_shape(t) + " with non-compact strides");
+  }
+  const int align = align_of(kind);
+  if (numel(t) > 0 && data_address(t) % align != 0) {
+    std::ostringstream o;
+    o << name << ": expected a " << align << "-byte aligned data pointer, got 0x" << std::hex
+      << data_address(t);
+    invalid(o.str());
+  }
+}
+
+bool shape_is(const DLTensor& t, std::initializer_list<int64_t> s) {
+  if (t.ndim != static_cast<int>(s.size())) return false;
+  int i = 0;
+  for (int64_t d : s) if (t.shape[i++] != d) return false;
+  return true;
+}
+
+void check_tensor(const DLTensor* t, const char* name, Kind kind,
+                  std::initializer_list<int64_t> shape, int device) {
+  if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+  if (!shape_is(*t, shape)) {
+    invalid(std::string(name) + ": expected shape " + shape_str(shape) + ", got " +
+            describe_shape(*t));
+  }
+  check_storage(*t, name, kind, device);
+}
+
+// M of the call from its leading tensor ([M, H] BF16), checked against [1, C].
+int64_t leading_rows(const DLTensor* t, const char* name, const AllReduceMHCConfig& c) {
+  if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+  if (t->ndim != 2 || t->shape[1] != c.hidden_size) {
+    invalid(std::string(name) + ": expected shape [M, " + std::to_string(c.hidden_size) +
+            "], got " + describe_shape(*t));
+  }
+  const int64_t m = t->shape[0];
+  if (m < 1 || m > c.max_num_tokens) {
+    invalid(std::string(name) + ": expected M (rows) in [1, " + std::to_string(c.max_num_tokens) +
+            "] (max_num_tokens), got M=" + std::to_string(m));
+  }
+  return m;
+}
+
+void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MHCEpilogueArgs& e) {
+  const int64_t h = c.hidden_size, hc = c.hc_mult;
+  const bool has_pre = e.pre != nullptr, has_norm = e.norm_weight != nullptr;
+  if (has_pre != has_norm) {
+    invalid(std::string("pre and norm_weight: expected both given or both absent (residual-only), "
+                        "got ") + (has_pre ? "pre without norm_weight" : "norm_weight without pre"));
+  }
+  const bool residual_only = !has_pre;
+  if (residual_only && !c.residual_only) {
+    unsupported("pre and norm_weight absent: a residual-only call needs an instance built with "
+                "residual_only=true, this one was built without it");
+  }
+  const bool has_values = e.mxfp8_values != nullptr, has_scales = e.mxfp8_scales != nullptr;
+  if (has_values != has_scales) {
+    invalid("mxfp8_out: expected both values and scales, got only " +
+            std::string(has_values ? "values" : "scales"));
+  }
+  if (has_values && residual_only) {
+    invalid("mxfp8_out: a residual-only call has no layer input to quantize, got mxfp8 outputs");
+  }
+  if (has_values && !c.quantize_layer_input) {
+    unsupported("mxfp8_out: needs an instance built with quantize_layer_input=true, this one was "
+                "built without it");
+  }
+  if (residual_only && e.layer_input != nullptr) {
+    invalid("layer_input: a residual-only call writes no layer input, got a layer_input tensor");
+  }
+  if (!residual_only && e.layer_input == nullptr) {
+    invalid("layer_input: expected a [M, H] BF16 output tensor, got none");
+  }
+
+  check_tensor(e.residual, "residual", Kind::kBF16, {m, hc, h}, device);
+  if (e.post == nullptr) invalid("post: expected a tensor, got none");
+  if (!shape_is(*e.post, {m, hc}) && !shape_is(*e.post, {m, hc, 1})) {
+    invalid("post: expected shape " + shape_str({m, hc}) + " or " + shape_str({m, hc, 1}) +
+            ", got " + describe_shape(*e.post));
+  }
+  check_storage(*e.post, "post", Kind::kF32, device);
+  check_tensor(e.comb, "comb", Kind::kF32, {m, hc, hc}, device);
+  if (!residual_only) {
+    check_tensor(e.pre, "pre", Kind::kF32, {m, hc}, device);
+    check_tensor(e.norm_weight, "norm_weight", Kind::kBF16, {h}, device);
+    if (!std::isfinite(e.eps) || e.eps < 0.0f) {
+      invalid("eps: expected a finite RMSNorm epsilon >= 0, got " + std::to_string(e.eps));
+    }
+    check_tensor(e.layer_input, "layer_input", Kind::kBF16, {m, h}, device);
+  }
+  check_tensor(e.residual_out, "residual_out", Kind::kBF16, {m, hc, h}, device);
+  if (has_values) {
+    check_tensor(e.mxfp8_values, "mxfp8 values", Kind::kByte, {m, h}, device);
+    const DLTensor& s = *e.mxfp8_scales;
+    const int64_t want = mxfp8_scale_bytes(m, h);
+    if (!dtype_is(s.dtype, Kind::kByte) || numel(s) != want) {
+      invalid("mxfp8 scales: expected " + std::to_string(want) + " bytes (mxfp8_scale_bytes(" +
+              std::to_string(m) + ", " + std::to_string(h) + ")) of an 8-bit type, got " +
+              std::to_string(numel(s)) + " elements of " + describe_dtype(s.dtype));
+    }
+    check_storage(s, "mxfp8 scales", Kind::kByte, device);
+  }
+}
+
+}  // namespace
+
+std::string describe_dtype(const DLDataType& t) {
+  std::string base;
+  switch (t.code) {
+    case kDLInt: base = "int"; break;
+    case kDLUInt: base = "uint"; break;
+    case kDLFloat: base = "float"; break;
+    case kDLBfloat: base = "bfloat"; break;
+    default: base = "code" + std::to_string(t.code) + "_"; break;
+  }
+  std::string s = base + std::to_string(t.bits);
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+std::string describe_shape(const DLTensor& t) {
+  std::ostringstream o;
+  o << '[';
+  for (int i = 0; i < t.ndim; ++i) o << (i ? ", " : "") << t.shape[i];
+  o << ']';
+  return o.str();
+}
+
+bool is_contiguous(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+int64_t tensor_bytes(const DLTensor& t) {
+  const int64_t bits = int64_t(t.dtype.bits) * t.dtype.lanes;
+  if (bits % 8 != 0) return -1;
+  return numel(t) * (bits / 8);
+}
+
+void check_tp(int tp) {
+  if (tp != 1 && tp != 2 && tp != 4 && tp != 8) {
+    unsupported("tp: expected 1, 2, 4 or 8 ranks on one node, got " + std::to_string(tp));
+  }
+}
+
+void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
+  check_tp(tp);
+  if (c.hidden_size <= 0 || c.hidden_size % 8 != 0) {
+    invalid("hidden_size: expected a positive multiple of 8 (16-byte rows), got " +
+            std::to_string(c.hidden_size));
+  }
+  if (c.hidden_size > kMaxHidden) {
+    unsupported("hidden_size: expected at most " + std::to_string(kMaxHidden) + ", got " +
+                std::to_string(c.hidden_size));
+  }
+  if (c.quantize_layer_input && c.hidden_size % 32 != 0) {
+    invalid("hidden_size: quantize_layer_input needs a multiple of 32 (MXFP8 blocks), got " +
+            std::to_string(c.hidden_size));
+  }
+  if (c.hc_mult != 1 && c.hc_mult != 2 && c.hc_mult != 4 && c.hc_mult != 8) {
+    unsupported("hc_mult: expected 1, 2, 4 or 8 residual streams, got " + std::to_string(c.hc_mult));
+  }
+  if (c.top_k < 1 || c.top_k > kMaxTopK) {
+    invalid("top_k: expected 1..16, got " + std::to_string(c.top_k));
+  }
+  if (c.max_num_tokens < 1) {
+    invalid("max_num_tokens: expected at least 1, got " + std::to_string(c.max_num_tokens));
+  }
+  if (c.two_shot_min_rows < 0 || c.two_shot_min_finalize_rows < 0) {
+    invalid("two_shot_min_rows / two_shot_min_finalize_rows: expected >= 0 (0 = default), got " +
+            std::to_string(c.two_shot_min_rows) + " / " +
+            std::to_string(c.two_shot_min_finalize_rows));
+  }
+}
+
+int64_t check_all_reduce_mhc_call(const AllReduceMHCConfig& c, int device,
+                                  const AllReduceMHCCallArgs& a) {
+  if (a.x != nullptr && !dtype_is(a.x->dtype, Kind::kBF16)) {
+    invalid("x: expected dtype bfloat16, got " + describe_dtype(a.x->dtype));
+  }
+  const int64_t m = leading_rows(a.x, "x", c);
+  check_storage(*a.x, "x", Kind::kBF16, device);
+  check_epilogue(c, device, m, a.epilogue);
+  return m;
+}
+
+int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
+                                      const AllReduceMHCFinalizeArgs& a) {
+  if (a.shared_output != nullptr && !dtype_is(a.shared_output->dtype, Kind::kBF16)) {
+    invalid("shared_output: expected dtype bfloat16, got " + describe_dtype(a.shared_output->dtype));
+  }
+  const int64_t m = leading_rows(a.shared_output, "shared_output", c);
+  check_storage(*a.shared_output, "shared_output", Kind::kBF16, device);
+  const DLTensor* g = a.gemm2_permuted;
+  if (g == nullptr) invalid("gemm2_permuted: expected a tensor, got none");
+  if (g->ndim != 2 || g->shape[1] != c.hidden_size || g->shape[0] < 0) {
+    invalid("gemm2_permuted: expected shape [rows, " + std::to_string(c.hidden_size) + "], got " +
+            describe_shape(*g));
+  }
+  if (g->shape[0] > INT32_MAX) {
+    invalid("gemm2_permuted: expected fewer than 2^31 rows (int32 routes), got " +
+            std::to_string(g->shape[0]));
+  }
+  check_storage(*g, "gemm2_permuted", Kind::kBF16, device);
+  const int64_t k = c.top_k;
+  for (auto [t, name, kind] : {std::tuple{a.expert_weights, "expert_weights", Kind::kF32},
+                               std::tuple{a.expanded_idx_to_permuted_idx,
+                                          "expanded_idx_to_permuted_idx", Kind::kI32}}) {
+    if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+    if (!dtype_is(t->dtype, kind)) {
+      invalid(std::string(name) + ": expected dtype " + kind_name(kind) + ", got " +
+              describe_dtype(t->dtype));
+    }
+    if (!shape_is(*t, {m, k})) {
+      invalid(std::string(name) + ": expected shape [M, top_k] = " + shape_str({m, k}) +
+              " (top_k=" + std::to_string(k) + " at construction), got " + describe_shape(*t));
+    }
+    check_storage(*t, name, kind, device);
+  }
+  check_epilogue(c, device, m, a.epilogue);
+  return m;
+}
+
+void check_all_gather_config(int64_t cap) {
+  if (cap <= 0 || cap % 16 != 0) {
+    invalid("rank_capacity_bytes: expected a positive multiple of 16, got " + std::to_string(cap));
+  }
+}
+
+bool all_gather_accepts(int64_t cap, const DLTensor& in) {
+  const int64_t b = tensor_bytes(in);
+  return b > 0 && b <= cap && b % 16 == 0;
+}
+
+bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
+                           const DLTensor& out) {
+  if (in.ndim < 1) invalid("input: expected at least one dimension, got a scalar");
+  if (!all_gather_accepts(cap, in)) {
+    invalid("input: the all-gather takes 16-byte multiples of 16 to " + std::to_string(cap) +
+            " bytes per rank, got " + std::to_string(tensor_bytes(in)) + " bytes " +
+            describe_shape(in) + " " + describe_dtype(in.dtype));
+  }
+  if (in.device.device_type != kDLCUDA || in.device.device_id != device) {
+    invalid("input: expected a CUDA tensor on device cuda:" + std::to_string(device));
+  }
+  if (out.dtype.code != in.dtype.code || out.dtype.bits != in.dtype.bits ||
+      out.dtype.lanes != in.dtype.lanes) {
+    invalid("output: expected dtype " + describe_dtype(in.dtype) + " (the input's), got " +
+            describe_dtype(out.dtype));
+  }
+  bool shape_ok = out.ndim == in.ndim && out.shape[0] == tp * in.shape[0];
+  for (int i = 1; shape_ok && i < in.ndim; ++i) shape_ok = out.shape[i] == in.shape[i];
+  if (!shape_ok) {
+    std::ostringstream o;
+    o << "output: expected shape [" << tp * in.shape[0];
+    for (int i = 1; i < in.ndim; ++i) o << ", " << in.shape[i];
+    o << "] (tp * input rows), got " << describe_shape(out);
+    invalid(o.str());
+  }
+  if (out.device.device_type != kDLCUDA || out.device.device_id != device) {
+    invalid("output: expected a CUDA tensor on device cuda:" + std::to_string(device));
+  }
+  if (!is_contiguous(out)) invalid("output: expected a contiguous tensor, got non-compact strides");
+  if (data_address(out) % 16 != 0) {
+    std::ostringstream o;
+    o << "output: expected a 16-byte aligned data pointer, got 0x" << std::hex << data_address(out);
+    invalid(o.str());
+  }
+  return !is_contiguous(in) || data_address(in) % 16 != 0;
+}
+
+}  // namespace mhccl

@@ -1,0 +1,138 @@
+// CPU reference of SPEC.md. Built with -ffp-contract=off: every product and fmaf below rounds
+// exactly where the spec (and the kernels) round.
+#include "mhccl/reference.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "mhccl/bf16.h"
+#include "mhccl/mxfp8.h"
+
+namespace mhccl::reference {
+
+void all_reduce_bf16(const std::vector<const uint16_t*>& xs, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = 0.0f;
+    for (const uint16_t* x : xs) acc += bf16_to_float(x[i]);
+    y[i] = float_to_bf16(acc);
+  }
+}
+
+int64_t finalize_rank_input(const uint16_t* gemm2, int64_t rows, const float* w,
+                            const int32_t* idx, const uint16_t* shared, int64_t m, int64_t h,
+                            int top_k, uint16_t* x) {
+  int64_t invalid = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t p = idx[r * top_k + k];
+      if (p != -1 && (p < 0 || p >= rows)) ++invalid;
+    }
+    for (int64_t j = 0; j < h; ++j) {
+      float acc = bf16_to_float(shared[r * h + j]);
+      for (int k = 0; k < top_k; ++k) {
+        const int32_t p = idx[r * top_k + k];
+        if (p < 0 || p >= rows) continue;
+        acc = std::fmaf(w[r * top_k + k], bf16_to_float(gemm2[p * h + j]), acc);
+      }
+      x[r * h + j] = float_to_bf16(acc);
+    }
+  }
+  return invalid;
+}
+
+void mhc_epilogue(const MHCProblem& p, const uint16_t* y, uint16_t* residual_out,
+                  uint16_t* layer_input) {
+  const int64_t h = p.h;
+  const int hc = p.hc;
+  std::vector<float> c(static_cast<size_t>(h));
+  for (int64_t r = 0; r < p.m; ++r) {
+    const float* post = p.post + r * hc;
+    const float* comb = p.comb + r * hc * hc;
+    const uint16_t* res = p.residual + r * hc * h;
+    uint16_t* out = residual_out + r * hc * h;
+    std::fill(c.begin(), c.end(), 0.0f);
+    for (int t = 0; t < hc; ++t) {
+      for (int64_t j = 0; j < h; ++j) {
+        float acc = post[t] * bf16_to_float(y[r * h + j]);
+        for (int s = 0; s < hc; ++s) {
+          acc = std::fmaf(comb[s * hc + t], bf16_to_float(res[s * h + j]), acc);
+        }
+        out[t * h + j] = float_to_bf16(acc);
+        if (p.pre != nullptr) c[j] = std::fmaf(p.pre[r * hc + t], bf16_to_float(out[t * h + j]), c[j]);
+      }
+    }
+    if (p.pre == nullptr) continue;
+    float sumsq = 0.0f;
+    for (int64_t j = 0; j < h; ++j) sumsq = std::fmaf(c[j], c[j], sumsq);
+    const float rinv = 1.0f / std::sqrt(sumsq / static_cast<float>(h) + p.eps);
+    for (int64_t j = 0; j < h; ++j) {
+      layer_input[r * h + j] = float_to_bf16((c[j] * rinv) * bf16_to_float(p.norm_weight[j]));
+    }
+  }
+}
+
+void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double* out) {
+  const int64_t h = p.h;
+  const int hc = p.hc;
+  std::vector<double> c(static_cast<size_t>(h));
+  for (int64_t r = 0; r < p.m; ++r) {
+    double sumsq = 0.0;
+    for (int64_t j = 0; j < h; ++j) {
+      double acc = 0.0;
+      for (int t = 0; t < hc; ++t) {
+        acc += double(p.pre[r * hc + t]) * bf16_to_float(residual_out[(r * hc + t) * h + j]);
+      }
+      c[j] = acc;
+      sumsq += acc * acc;
+    }
+    const double rinv = 1.0 / std::sqrt(sumsq / double(h) + double(p.eps));
+    for (int64_t j = 0; j < h; ++j) {
+      out[r * h + j] = c[j] * rinv * double(bf16_to_float(p.norm_weight[j]));
+    }
+  }
+}
+
+void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, uint8_t* scales) {
+  const int64_t blocks = h / kMxfp8BlockElems;
+  std::memset(scales, 0, static_cast<size_t>(mxfp8_scale_bytes(m, h)));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t k = 0; k < blocks; ++k) {
+      const uint16_t* v = in + r * h + k * kMxfp8BlockElems;
+      // amax over the absolute values' bits: NaN (above Inf) wins, as in the kernels.
+      uint16_t amax_bits = 0;
+      for (int i = 0; i < kMxfp8BlockElems; ++i) {
+        const uint16_t a = v[i] & 0x7FFF;
+        amax_bits = a > amax_bits ? a : amax_bits;
+      }
+      const uint8_t scale = ue8m0_scale(bf16_to_float(amax_bits));
+      scales[mxfp8_scale_offset(r, k, blocks)] = scale;
+      for (int i = 0; i < kMxfp8BlockElems; ++i) {
+        values[r * h + k * kMxfp8BlockElems + i] = mxfp8_encode(bf16_to_float(v[i]), scale);
+      }
+    }
+  }
+}
+
+void all_gather(const std::vector<const uint8_t*>& xs, int64_t bytes, uint8_t* out) {
+  for (size_t r = 0; r < xs.size(); ++r) {
+    for (int64_t i = 0; i < bytes; i += 4) {
+      uint32_t w;
+      std::memcpy(&w, xs[r] + i, 4);
+      if (w == 0x80000000u) w = 0;
+      std::memcpy(out + r * bytes + i, &w, 4);
+    }
+  }
+}
+
+double bf16_ulp_distance(uint16_t got, double want) {
+  const double g = bf16_to_float(got);
+  if (std::isnan(g) || std::isnan(want)) return (std::isnan(g) && std::isnan(want)) ? 0.0 : INFINITY;
+  if (std::isinf(want) || std::isinf(g)) return g == want ? 0.0 : INFINITY;
+  const double a = std::fabs(want);
+  int e = 0;
+  std::frexp(a, &e);                               // a = f * 2^e, f in [0.5, 1)
+  const double ulp = std::ldexp(1.0, std::max(e - 1 - 7, -133));  // 8 significant bits
+  return std::fabs(g - want) / ulp;
+}
+
+}  // namespace mhccl::reference

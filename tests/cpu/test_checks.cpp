@@ -1,0 +1,379 @@
+// Every argument error of SPEC.md raises mhccl::Error with a message naming the argument, what
+// was expected and what was given — before anything could be launched (no GPU here).
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/tensor_desc.h"
+#include "mhccl/checks.h"
+#include "mhccl/error.h"
+#include "mhccl/mxfp8.h"
+
+namespace mhccl {
+namespace {
+
+using testing::Desc;
+using testing::kBF16;
+using testing::kF32;
+using testing::kI32;
+using testing::kI64;
+using testing::kU8;
+
+void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// A valid call of M rows for config {H=64, hc=4, C=16, top_k=3}, with every tensor described.
+struct CallFixture {
+  AllReduceMHCConfig cfg;
+  int64_t m = 5;
+  Desc x, residual, post, comb, pre, norm_weight, residual_out, layer_input, values, scales;
+  Desc gemm2, weights, routes, shared;
+
+  CallFixture() {
+    cfg.hidden_size = 64;
+    cfg.hc_mult = 4;
+    cfg.max_num_tokens = 16;
+    cfg.top_k = 3;
+    cfg.quantize_layer_input = true;
+    cfg.residual_only = true;
+    const int64_t h = 64, hc = 4;
+    x = Desc(addr(0x10000), kBF16, {m, h});
+    residual = Desc(addr(0x20000), kBF16, {m, hc, h});
+    post = Desc(addr(0x30000), kF32, {m, hc});
+    comb = Desc(addr(0x40000), kF32, {m, hc, hc});
+    pre = Desc(addr(0x50000), kF32, {m, hc});
+    norm_weight = Desc(addr(0x60000), kBF16, {h});
+    residual_out = Desc(addr(0x70000), kBF16, {m, hc, h});
+    layer_input = Desc(addr(0x80000), kBF16, {m, h});
+    values = Desc(addr(0x90000), kU8, {m, h});
+    scales = Desc(addr(0xA0000), kU8, {mxfp8_scale_bytes(m, h)});
+    gemm2 = Desc(addr(0xB0000), kBF16, {11, h});
+    weights = Desc(addr(0xC0000), kF32, {m, 3});
+    routes = Desc(addr(0xD0000), kI32, {m, 3});
+    shared = Desc(addr(0xE0000), kBF16, {m, h});
+  }
+  MHCEpilogueArgs epilogue() {
+    MHCEpilogueArgs e;
+    e.residual = residual.get();
+    e.post = post.get();
+    e.comb = comb.get();
+    e.pre = pre.get();
+    e.norm_weight = norm_weight.get();
+    e.residual_out = residual_out.get();
+    e.layer_input = layer_input.get();
+    e.mxfp8_values = values.get();
+    e.mxfp8_scales = scales.get();
+    return e;
+  }
+  AllReduceMHCCallArgs call() {
+    AllReduceMHCCallArgs a;
+    a.x = x.get();
+    a.epilogue = epilogue();
+    return a;
+  }
+  AllReduceMHCFinalizeArgs finalize() {
+    AllReduceMHCFinalizeArgs a;
+    a.gemm2_permuted = gemm2.get();
+    a.expert_weights = weights.get();
+    a.expanded_idx_to_permuted_idx = routes.get();
+    a.shared_output = shared.get();
+    a.epilogue = epilogue();
+    return a;
+  }
+};
+
+// Runs `f`, expects mhccl::Error of `code` whose message contains every `parts`.
+void expect_error(const std::function<void()>& f, ErrorCode code, std::vector<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const std::string& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+    }
+  }
+}
+
+class Checks : public ::testing::Test {
+ protected:
+  CallFixture f;
+  void call_error(const std::function<void(AllReduceMHCCallArgs&)>& mutate, ErrorCode code,
+                  std::vector<std::string> parts) {
+    AllReduceMHCCallArgs a = f.call();
+    mutate(a);
+    expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, code, std::move(parts));
+  }
+  void finalize_error(const std::function<void(AllReduceMHCFinalizeArgs&)>& mutate, ErrorCode code,
+                      std::vector<std::string> parts) {
+    AllReduceMHCFinalizeArgs a = f.finalize();
+    mutate(a);
+    expect_error([&] { check_all_reduce_mhc_finalize(f.cfg, 0, a); }, code, std::move(parts));
+  }
+};
+
+TEST_F(Checks, ValidCallsPass) {
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, f.call()), 5);
+  EXPECT_EQ(check_all_reduce_mhc_finalize(f.cfg, 0, f.finalize()), 5);
+  AllReduceMHCCallArgs a = f.call();  // plain: no MXFP8
+  a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr;
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr;  // residual-only
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  Desc post3(addr(0x30000), kF32, {5, 4, 1});  // post may be [M, hc, 1]
+  a.epilogue.post = post3.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  Desc one_row(addr(0x10000), kBF16, {1, 64});  // the stride of a size-1 dim is free
+  one_row.with_strides({9999, 1});
+  EXPECT_TRUE(is_contiguous(one_row.t));
+}
+
+TEST_F(Checks, XDtype) {
+  Desc bad(addr(0x10000), kF32, {5, 64});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"x:", "bfloat16", "float32"});
+}
+TEST_F(Checks, XShape) {
+  Desc bad(addr(0x10000), kBF16, {5, 32});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"x:", "[M, 64]", "[5, 32]"});
+}
+TEST_F(Checks, XMissing) {
+  call_error([&](auto& a) { a.x = nullptr; }, ErrorCode::kInvalidArgument, {"x:", "got none"});
+}
+TEST_F(Checks, MZero) {
+  Desc bad(addr(0x10000), kBF16, {0, 64});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"M", "[1, 16]", "M=0"});
+}
+TEST_F(Checks, MAboveCapacity) {
+  Desc bad(addr(0x10000), kBF16, {17, 64});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"max_num_tokens", "M=17"});
+}
+TEST_F(Checks, NonContiguous) {
+  Desc bad(addr(0x10000), kBF16, {5, 64});
+  bad.with_strides({128, 1});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"x:", "contiguous"});
+}
+TEST_F(Checks, MisalignedPointer) {
+  Desc bad(addr(0x10008), kBF16, {5, 64});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"x:", "16-byte aligned", "0x10008"});
+}
+TEST_F(Checks, MisalignedByteOffset) {
+  Desc bad2(addr(0x70000), kBF16, {5, 4, 64});
+  bad2.t.byte_offset = 2;
+  call_error([&](auto& a) { a.epilogue.residual_out = bad2.get(); }, ErrorCode::kInvalidArgument,
+             {"residual_out", "16-byte aligned"});
+}
+TEST_F(Checks, DeviceMismatch) {
+  Desc bad(addr(0x20000), kBF16, {5, 4, 64}, /*device=*/1);
+  call_error([&](auto& a) { a.epilogue.residual = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"residual", "cuda:0", "cuda:1"});
+}
+TEST_F(Checks, HostTensor) {
+  Desc bad(addr(0x20000), kBF16, {5, 4, 64});
+  bad.t.device = DLDevice{kDLCPU, 0};
+  call_error([&](auto& a) { a.epilogue.residual = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"residual", "CUDA tensor"});
+}
+TEST_F(Checks, ResidualShape) {
+  Desc bad(addr(0x20000), kBF16, {5, 2, 64});
+  call_error([&](auto& a) { a.epilogue.residual = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"residual", "[5, 4, 64]", "[5, 2, 64]"});
+}
+TEST_F(Checks, ResidualDtype) {
+  Desc bad(addr(0x20000), kF32, {5, 4, 64});
+  call_error([&](auto& a) { a.epilogue.residual = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"residual", "bfloat16", "float32"});
+}
+TEST_F(Checks, PostShape) {
+  Desc bad(addr(0x30000), kF32, {5, 3});
+  call_error([&](auto& a) { a.epilogue.post = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"post", "[5, 4] or [5, 4, 1]", "[5, 3]"});
+}
+TEST_F(Checks, PostDtype) {
+  Desc bad(addr(0x30000), kBF16, {5, 4});
+  call_error([&](auto& a) { a.epilogue.post = bad.get(); }, ErrorCode::kInvalidArgument, {"post", "float32"});
+}
+TEST_F(Checks, CombShape) {
+  Desc bad(addr(0x40000), kF32, {5, 4, 2});
+  call_error([&](auto& a) { a.epilogue.comb = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"comb", "[5, 4, 4]"});
+}
+TEST_F(Checks, CombMisaligned) {
+  Desc bad(addr(0x40002), kF32, {5, 4, 4});
+  call_error([&](auto& a) { a.epilogue.comb = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"comb", "4-byte aligned"});
+}
+TEST_F(Checks, PreShape) {
+  Desc bad(addr(0x50000), kF32, {5, 4, 4});
+  call_error([&](auto& a) { a.epilogue.pre = bad.get(); }, ErrorCode::kInvalidArgument, {"pre", "[5, 4]"});
+}
+TEST_F(Checks, NormWeightShape) {
+  Desc bad(addr(0x60000), kBF16, {65});
+  call_error([&](auto& a) { a.epilogue.norm_weight = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"norm_weight", "[64]", "[65]"});
+}
+TEST_F(Checks, PreWithoutNormWeight) {
+  call_error([&](auto& a) { a.epilogue.norm_weight = nullptr; }, ErrorCode::kInvalidArgument,
+             {"pre and norm_weight", "pre without norm_weight"});
+}
+TEST_F(Checks, NormWeightWithoutPre) {
+  call_error([&](auto& a) { a.epilogue.pre = nullptr; }, ErrorCode::kInvalidArgument,
+             {"pre and norm_weight", "norm_weight without pre"});
+}
+TEST_F(Checks, ResidualOnlyNotBuilt) {
+  f.cfg.residual_only = false;
+  call_error([&](auto& a) {
+    a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr;
+    a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr;
+  }, ErrorCode::kUnsupported, {"residual_only=true"});
+}
+TEST_F(Checks, Mxfp8NotBuilt) {
+  f.cfg.quantize_layer_input = false;
+  call_error([&](auto&) {}, ErrorCode::kUnsupported, {"mxfp8_out", "quantize_layer_input=true"});
+}
+TEST_F(Checks, Mxfp8WithResidualOnly) {
+  call_error([&](auto& a) {
+    a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr;
+  }, ErrorCode::kInvalidArgument, {"mxfp8_out", "residual-only"});
+}
+TEST_F(Checks, Mxfp8HalfGiven) {
+  call_error([&](auto& a) { a.epilogue.mxfp8_scales = nullptr; }, ErrorCode::kInvalidArgument,
+             {"mxfp8_out", "only values"});
+}
+TEST_F(Checks, Mxfp8ScalesWrongSize) {
+  Desc bad(addr(0xA0000), kU8, {mxfp8_scale_bytes(5, 64) - 16});
+  call_error([&](auto& a) { a.epilogue.mxfp8_scales = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 scales", "512 bytes", "496"});
+}
+TEST_F(Checks, Mxfp8ValuesWrongShape) {
+  Desc bad(addr(0x90000), kU8, {5, 32});
+  call_error([&](auto& a) { a.epilogue.mxfp8_values = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 values", "[5, 64]"});
+}
+TEST_F(Checks, Mxfp8ValuesWrongDtype) {
+  Desc bad(addr(0x90000), kBF16, {5, 64});
+  call_error([&](auto& a) { a.epilogue.mxfp8_values = bad.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 values", "8-bit"});
+}
+TEST_F(Checks, LayerInputMissing) {
+  call_error([&](auto& a) { a.epilogue.layer_input = nullptr; }, ErrorCode::kInvalidArgument,
+             {"layer_input", "got none"});
+}
+TEST_F(Checks, LayerInputGivenToResidualOnly) {
+  call_error([&](auto& a) {
+    a.epilogue.pre = a.epilogue.norm_weight = nullptr;
+    a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr;
+  }, ErrorCode::kInvalidArgument, {"layer_input", "residual-only"});
+}
+TEST_F(Checks, EpsNegativeOrNaN) {
+  call_error([&](auto& a) { a.epilogue.eps = -1.0f; }, ErrorCode::kInvalidArgument, {"eps"});
+  call_error([&](auto& a) { a.epilogue.eps = NAN; }, ErrorCode::kInvalidArgument, {"eps"});
+}
+TEST_F(Checks, FinalizeIndexDtype) {
+  Desc bad(addr(0xD0000), kI64, {5, 3});
+  finalize_error([&](auto& a) { a.expanded_idx_to_permuted_idx = bad.get(); },
+                 ErrorCode::kInvalidArgument, {"expanded_idx_to_permuted_idx", "int32", "int64"});
+}
+TEST_F(Checks, FinalizeTopKMismatch) {
+  Desc bad(addr(0xC0000), kF32, {5, 4});
+  finalize_error([&](auto& a) { a.expert_weights = bad.get(); }, ErrorCode::kInvalidArgument,
+                 {"expert_weights", "top_k=3", "[5, 4]"});
+}
+TEST_F(Checks, FinalizeWeightsDtype) {
+  Desc bad(addr(0xC0000), kBF16, {5, 3});
+  finalize_error([&](auto& a) { a.expert_weights = bad.get(); }, ErrorCode::kInvalidArgument,
+                 {"expert_weights", "float32"});
+}
+TEST_F(Checks, FinalizeGemm2Shape) {
+  Desc bad(addr(0xB0000), kBF16, {11, 32});
+  finalize_error([&](auto& a) { a.gemm2_permuted = bad.get(); }, ErrorCode::kInvalidArgument,
+                 {"gemm2_permuted", "[rows, 64]"});
+}
+TEST_F(Checks, FinalizeSharedRowsDisagree) {
+  Desc bad(addr(0xE0000), kBF16, {6, 64});  // M from shared_output: residual then mismatches
+  finalize_error([&](auto& a) { a.shared_output = bad.get(); }, ErrorCode::kInvalidArgument,
+                 {"[6, 3]", "[5, 3]"});
+}
+
+TEST(ConfigChecks, Limits) {
+  auto cfg = [] {
+    AllReduceMHCConfig c;
+    c.hidden_size = 5120;
+    c.hc_mult = 4;
+    c.max_num_tokens = 64;
+    c.top_k = 6;
+    return c;
+  };
+  EXPECT_NO_THROW(check_all_reduce_mhc_config(cfg(), 2));
+  auto c = cfg();
+  c.hidden_size = 5124;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"hidden_size", "multiple of 8", "5124"});
+  c = cfg();
+  c.hidden_size = 5128;
+  c.quantize_layer_input = true;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"hidden_size", "multiple of 32", "5128"});
+  c = cfg();
+  c.hidden_size = 40960;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kUnsupported, {"hidden_size", "32768"});
+  c = cfg();
+  c.hc_mult = 3;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kUnsupported, {"hc_mult", "got 3"});
+  c = cfg();
+  c.top_k = 17;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"top_k", "1..16", "17"});
+  c = cfg();
+  c.max_num_tokens = 0;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"max_num_tokens", "got 0"});
+  expect_error([&] { check_all_reduce_mhc_config(cfg(), 3); }, ErrorCode::kUnsupported, {"tp", "got 3"});
+  c = cfg();
+  c.two_shot_min_rows = -1;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"two_shot_min_rows"});
+}
+
+TEST(AllGatherChecks, CapacityAndAccepts) {
+  EXPECT_NO_THROW(check_all_gather_config(4096));
+  expect_error([] { check_all_gather_config(4100); }, ErrorCode::kInvalidArgument,
+               {"rank_capacity_bytes", "multiple of 16", "4100"});
+  expect_error([] { check_all_gather_config(0); }, ErrorCode::kInvalidArgument, {"rank_capacity_bytes"});
+  Desc in(addr(0x1000), kBF16, {4, 8});  // 64 bytes
+  EXPECT_TRUE(all_gather_accepts(64, in.t));
+  EXPECT_FALSE(all_gather_accepts(48, in.t));
+  Desc odd(addr(0x1000), kBF16, {3, 3});  // 18 bytes
+  EXPECT_FALSE(all_gather_accepts(4096, odd.t));
+  Desc empty(addr(0x1000), kBF16, {0, 8});
+  EXPECT_FALSE(all_gather_accepts(4096, empty.t));
+}
+
+TEST(AllGatherChecks, CallErrors) {
+  Desc in(addr(0x1000), kF32, {4, 4});  // 64 bytes
+  Desc out(addr(0x2000), kF32, {8, 4});
+  EXPECT_FALSE(check_all_gather_call(4096, 2, 0, in.t, out.t));
+  Desc big(addr(0x1000), kF32, {2048, 4});
+  expect_error([&] { check_all_gather_call(4096, 2, 0, big.t, out.t); }, ErrorCode::kInvalidArgument,
+               {"input", "4096 bytes", "32768"});
+  Desc out_dtype(addr(0x2000), kI32, {8, 4});
+  expect_error([&] { check_all_gather_call(4096, 2, 0, in.t, out_dtype.t); }, ErrorCode::kInvalidArgument,
+               {"output", "float32", "int32"});
+  Desc out_shape(addr(0x2000), kF32, {4, 4});
+  expect_error([&] { check_all_gather_call(4096, 2, 0, in.t, out_shape.t); }, ErrorCode::kInvalidArgument,
+               {"output", "[8, 4]", "[4, 4]"});
+  Desc out_mis(addr(0x2004), kF32, {8, 4});
+  expect_error([&] { check_all_gather_call(4096, 2, 0, in.t, out_mis.t); }, ErrorCode::kInvalidArgument,
+               {"output", "16-byte aligned"});
+  Desc out_dev(addr(0x2000), kF32, {8, 4}, 1);
+  expect_error([&] { check_all_gather_call(4096, 2, 0, in.t, out_dev.t); }, ErrorCode::kInvalidArgument,
+               {"output", "cuda:0"});
+  // A misaligned or strided input is accepted, to be copied first.
+  Desc in_mis(addr(0x1004), kF32, {4, 4});
+  EXPECT_TRUE(check_all_gather_call(4096, 2, 0, in_mis.t, out.t));
+  Desc in_strided(addr(0x1000), kF32, {4, 4});
+  in_strided.with_strides({8, 1});
+  EXPECT_TRUE(check_all_gather_call(4096, 2, 0, in_strided.t, out.t));
+}
+
+}  // namespace
+}  // namespace mhccl

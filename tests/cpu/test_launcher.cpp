@@ -1,0 +1,61 @@
+// The local launcher: environment of each rank, exit codes, killing the group on a failure or
+// at the deadline.
+#include <chrono>
+
+#include <gtest/gtest.h>
+
+#include "launch/launcher.h"
+
+namespace mhccl::launch {
+namespace {
+
+Result run_sh(int n, const std::string& script, double timeout_s = 0) {
+  Options o;
+  o.nprocs = n;
+  o.argv = {"/bin/sh", "-c", script};
+  o.timeout_s = timeout_s;
+  return run(o);
+}
+
+TEST(Launcher, EveryRankGetsItsEnvironment) {
+  const Result r = run_sh(3,
+      "test \"$MHCCL_WORLD_SIZE\" = 3 && test \"$MHCCL_RANK\" = \"$MHCCL_LOCAL_RANK\" && "
+      "test \"$MHCCL_RANK\" -lt 3 && test -d \"$(dirname \"$MHCCL_UNIQUE_ID_FILE\")\"");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.rank_codes, (std::vector<int>{0, 0, 0}));
+  EXPECT_FALSE(r.timed_out);
+}
+
+TEST(Launcher, OneFailingRankStopsTheGroup) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run_sh(3, "if [ \"$MHCCL_RANK\" = 1 ]; then exit 3; fi; exec sleep 60");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_LT(s, 20.0);  // the sleepers were killed, not waited for
+  EXPECT_EQ(r.rank_codes[0], 128 + 15);  // SIGTERM
+}
+
+TEST(Launcher, DeadlineKillsEveryRank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run_sh(2, "exec sleep 60", 1.0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_LT(s, 20.0);
+}
+
+TEST(Launcher, AllSkippedIsSkipped) {
+  EXPECT_EQ(run_sh(2, "exit 77").exit_code, 77);
+  EXPECT_EQ(run_sh(2, "if [ \"$MHCCL_RANK\" = 0 ]; then exit 77; fi; exit 0").exit_code, 0);
+}
+
+TEST(Launcher, MissingProgramFails) {
+  Options o;
+  o.nprocs = 1;
+  o.argv = {"/nonexistent/program"};
+  EXPECT_EQ(run(o).exit_code, 127);
+}
+
+}  // namespace
+}  // namespace mhccl::launch

@@ -1,0 +1,353 @@
+// AllReduceMHC on the GPU, TP=1 and TP=2: every variant and M class against the CPU reference,
+// identical bits on every rank and across protocols, graphs, PDL, alternating M, delays, bad input.
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/tensor_desc.h"
+#include "gpu_env.h"
+#include "common/mhc_harness.h"
+#include "mhccl/checks.h"
+#include "mhccl/communicator.h"
+#include "mhccl/error.h"
+#include "mhccl/mxfp8.h"
+
+namespace mhccl::gputest {
+namespace {
+
+using testing::CallBuffers;
+using testing::Desc;
+using testing::Outputs;
+using testing::Problem;
+using testing::Variant;
+using testing::check;
+using testing::download;
+using testing::launch;
+using testing::upload;
+using testing::variant_name;
+
+AllReduceMHCConfig config(int64_t h, int hc, int64_t capacity, int64_t two_shot_min = 0) {
+  AllReduceMHCConfig c;
+  c.hidden_size = h;
+  c.hc_mult = hc;
+  c.max_num_tokens = capacity;
+  c.top_k = 6;
+  c.quantize_layer_input = h % 32 == 0;
+  c.residual_only = true;
+  c.two_shot_min_rows = two_shot_min;
+  c.two_shot_min_finalize_rows = two_shot_min;
+  return c;
+}
+
+class AllReduceMHCTest : public ::testing::TestWithParam<int> {
+ protected:
+  int tp() const { return GetParam(); }
+  Communicator& comm() { return *env().comm(tp()); }
+  int rank() { return env().rank(tp()); }
+
+  // One call from fresh inputs: upload, launch, sync, check vs reference and across ranks.
+  Outputs run(AllReduceMHC& op, CallBuffers& b, const Problem& p, Variant v,
+              Protocol protocol = Protocol::kAuto, const char* what = "") {
+    upload(p, rank(), b);
+    launch(op, p, v, protocol, b, env().device, env().stream);
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    Outputs got = download(p, v, b);
+    const std::string err = check(p, v, got);
+    EXPECT_EQ(err, "") << what << " M=" << p.m << " H=" << p.h << " hc=" << p.hc << " "
+                       << (p.finalize ? "finalize " : "call ") << variant_name(v) << " "
+                       << protocol_name(op.protocol_for(p.m, p.finalize));
+    EXPECT_TRUE(env().same_on_all_ranks(got.hash(), tp())) << "ranks differ: M=" << p.m << " " << what;
+    return got;
+  }
+};
+
+TEST_P(AllReduceMHCTest, Dsv41EveryVariantEveryM) {
+  MHCCL_REQUIRE_TP(tp());
+  // Two-shot from 129 rows: 1..128 one-shot (the one-shot limit), 129..256 two-shot.
+  AllReduceMHC op(comm(), config(5120, 4, 256, 129));
+  CallBuffers b(256, 5120, 4, 6);
+  uint64_t seed = 1;
+  for (bool fin : {false, true}) {
+    for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+      for (int64_t m : {1, 2, 3, 7, 16, 63, 64, 65, 128, 129, 200, 256}) {
+        run(op, b, testing::make_problem(seed++, m, 5120, 4, tp(), fin), v);
+      }
+    }
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, ProtocolsGiveIdenticalBits) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 256, 129));
+  CallBuffers b(256, 5120, 4, 6);
+  for (int64_t m : {1, 7, 65, 128}) {
+    for (bool fin : {false, true}) {
+      const Problem p = testing::make_problem(300 + m + fin, m, 5120, 4, tp(), fin);
+      const Outputs one = run(op, b, p, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
+      const Outputs two = run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "two-shot");
+      EXPECT_EQ(one.hash(), two.hash()) << "one-shot vs two-shot M=" << m;
+      if (tp() == 2) {  // the NCCL fallback adds once: the same bits at TP=2
+        const Outputs nccl = run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "nccl");
+        EXPECT_EQ(one.hash(), nccl.hash()) << "one-shot vs NCCL fallback M=" << m;
+      }
+    }
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, OtherShapes) {
+  MHCCL_REQUIRE_TP(tp());
+  uint64_t seed = 1000;
+  for (int64_t h : {4096, 7168, 2880, 64}) {
+    for (int hc : {1, 2, 4, 8}) {
+      AllReduceMHC op(comm(), config(h, hc, 65, 33));
+      CallBuffers b(65, h, hc, 6);
+      for (int64_t m : {1, 7, 65}) {
+        run(op, b, testing::make_problem(seed++, m, h, hc, tp(), false), Variant::kPlain);
+        run(op, b, testing::make_problem(seed++, m, h, hc, tp(), true), Variant::kMxfp8);
+        run(op, b, testing::make_problem(seed++, m, h, hc, tp(), false), Variant::kResidualOnly);
+      }
+    }
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, NegativeZeroSubnormalsAndZeroSums) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 64, 33));
+  CallBuffers b(64, 5120, 4, 6);
+  for (int64_t m : {1, 16, 40}) {
+    Problem p = testing::make_problem(500 + m, m, 5120, 4, tp(), false);
+    const uint16_t patterns[] = {0x8000, 0x8001, 0x0001, 0x807F};
+    for (int r = 0; r < tp(); ++r) {
+      for (size_t i = 0; i < p.x[r].size(); ++i) {
+        // -0.0 everywhere on some rows; negative/positive subnormals; exact cancellation.
+        const int64_t row = static_cast<int64_t>(i) / p.h;
+        if (row % 3 == 0) p.x[r][i] = 0x8000;
+        else if (row % 3 == 1) p.x[r][i] = patterns[(i + r) % 4];
+        else if (tp() == 2) p.x[r][i] = r == 0 ? p.x[0][i] : static_cast<uint16_t>(p.x[0][i] ^ 0x8000);
+      }
+    }
+    run(op, b, p, Variant::kMxfp8, Protocol::kAuto, "signed zeros");
+    if (tp() == 2) {
+      run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "signed zeros two-shot");
+      run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "signed zeros nccl");
+    }
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, PdlOnOffBitwiseEqual) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHCConfig on = config(5120, 4, 128, 65), off = on;
+  off.enable_pdl = false;
+  AllReduceMHC a(comm(), on), c(comm(), off);
+  CallBuffers b(128, 5120, 4, 6);
+  for (int64_t m : {1, 33, 100}) {
+    const Problem p = testing::make_problem(700 + m, m, 5120, 4, tp(), m == 33);
+    EXPECT_EQ(run(a, b, p, Variant::kMxfp8).hash(), run(c, b, p, Variant::kMxfp8).hash()) << "M=" << m;
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 128, 65));
+  struct Slot { int64_t m; bool fin; Variant v; };
+  const Slot slots[3] = {{5, false, Variant::kPlain}, {64, true, Variant::kMxfp8}, {100, false, Variant::kResidualOnly}};
+  std::vector<std::unique_ptr<CallBuffers>> bufs;
+  std::vector<Problem> probs;
+  for (const Slot& s : slots) {
+    bufs.push_back(std::make_unique<CallBuffers>(s.m, 5120, 4, 6));
+    probs.push_back(testing::make_problem(900 + s.m, s.m, 5120, 4, tp(), s.fin));
+    upload(probs.back(), rank(), *bufs.back());
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MHCCL_TEST_CUDA(cudaStreamBeginCapture(env().stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 3; ++i) launch(op, probs[i], slots[i].v, Protocol::kAuto, *bufs[i], env().device, env().stream);
+  MHCCL_TEST_CUDA(cudaStreamEndCapture(env().stream, &graph));
+  MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  int bad = 0;
+  for (int rep = 0; rep < 100; ++rep) {
+    for (int i = 0; i < 3; ++i) {
+      probs[i] = testing::make_problem(10000 + rep * 3 + i, slots[i].m, 5120, 4, tp(), slots[i].fin);
+      upload(probs[i], rank(), *bufs[i]);
+    }
+    MHCCL_TEST_CUDA(cudaGraphLaunch(exec, env().stream));
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    for (int i = 0; i < 3; ++i) {
+      const std::string err = check(probs[i], slots[i].v, download(probs[i], slots[i].v, *bufs[i]));
+      if (!err.empty() && bad++ < 3) ADD_FAILURE() << "replay " << rep << " call " << i << ": " << err;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, AlternatingMThousandCallsWithoutHostSync) {
+  MHCCL_REQUIRE_TP(tp());
+  // Small rows so that 1000 calls' inputs and outputs all stay on the device; two-shot from 65
+  // rows, so the sequence crosses protocols too.
+  constexpr int kCalls = 1000;
+  constexpr int64_t kH = 512, kCap = 128;
+  AllReduceMHC op(comm(), config(kH, 4, kCap, 65));
+  std::mt19937_64 rng(4242);
+  const int64_t pattern[] = {1, 64, 3, kCap, 7, 65, 2, 100};
+  std::vector<Problem> probs;
+  std::vector<Variant> variants;
+  std::vector<std::unique_ptr<CallBuffers>> bufs;
+  for (int c = 0; c < kCalls; ++c) {
+    const int64_t m = c < 8 ? pattern[c] : 1 + static_cast<int64_t>(rng() % kCap);
+    const bool fin = rng() % 3 == 0;
+    variants.push_back(static_cast<Variant>(rng() % 3));
+    probs.push_back(testing::make_problem(20000 + c, m, kH, 4, tp(), fin));
+    bufs.push_back(std::make_unique<CallBuffers>(m, kH, 4, 6));
+    upload(probs.back(), rank(), *bufs.back());
+  }
+  env().barrier();
+  for (int c = 0; c < kCalls; ++c) {
+    launch(op, probs[c], variants[c], Protocol::kAuto, *bufs[c], env().device, env().stream);
+  }
+  MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+  int bad = 0;
+  uint64_t all = 0;
+  for (int c = 0; c < kCalls; ++c) {
+    const Outputs got = download(probs[c], variants[c], *bufs[c]);
+    all = testing::fnv1a(&all, 8, got.hash());
+    const std::string err = check(probs[c], variants[c], got);
+    if (!err.empty() && bad++ < 3) ADD_FAILURE() << "call " << c << " M=" << probs[c].m << ": " << err;
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_TRUE(env().same_on_all_ranks(all, tp()));
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, OneRankDelayed) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 128, 65));
+  CallBuffers b(128, 5120, 4, 6);
+  for (int c = 0; c < 24; ++c) {
+    const int64_t m = (c % 2) ? 1 + c : 100;
+    const Problem p = testing::make_problem(30000 + c, m, 5120, 4, tp(), c % 3 == 0);
+    upload(p, rank(), b);
+    if (rank() == tp() - 1) MHCCL_TEST_CUDA(testing::launch_gpu_delay(100000 + 100000 * (c % 4), env().stream));
+    launch(op, p, Variant::kMxfp8, Protocol::kAuto, b, env().device, env().stream);
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    EXPECT_EQ(check(p, Variant::kMxfp8, download(p, Variant::kMxfp8, b)), "") << "call " << c;
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 64, 33));
+  CallBuffers b(64, 5120, 4, 6);
+  const int dev = env().device;
+  // Each mutation breaks one argument of an otherwise valid call of M=8.
+  struct Bad { const char* what; std::function<void(AllReduceMHCCallArgs&, std::vector<Desc>&)> mutate; };
+  const std::vector<Bad> bad = {
+      {"x dtype", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kF32, std::vector<int64_t>{8, 5120}, dev); a.x = keep.back().get(); }},
+      {"M above capacity", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kBF16, std::vector<int64_t>{65, 5120}, dev); a.x = keep.back().get(); }},
+      {"misaligned residual", [&](auto& a, auto& keep) { keep.emplace_back(b.residual + 2, testing::kBF16, std::vector<int64_t>{8, 4, 5120}, dev); a.epilogue.residual = keep.back().get(); }},
+      {"pre without norm_weight", [&](auto& a, auto&) { a.epilogue.norm_weight = nullptr; }},
+      {"mxfp8 scales too small", [&](auto& a, auto& keep) { keep.emplace_back(b.scales, testing::kU8, std::vector<int64_t>{16}, dev); a.epilogue.mxfp8_scales = keep.back().get(); }},
+      {"wrong device", [&](auto& a, auto& keep) { keep.emplace_back(b.comb, testing::kF32, std::vector<int64_t>{8, 4, 4}, dev + 1); a.epilogue.comb = keep.back().get(); }},
+      {"non-contiguous post", [&](auto& a, auto& keep) { keep.emplace_back(b.post, testing::kF32, std::vector<int64_t>{8, 4}, dev); keep.back().with_strides({8, 1}); a.epilogue.post = keep.back().get(); }},
+      {"one-shot forced above its rows", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kBF16, std::vector<int64_t>{8, 5120}, dev); a.x = keep.back().get(); a.protocol = tp() > 1 ? Protocol::kOneShot : Protocol::kAuto; }},
+  };
+  uint64_t seed = 40000;
+  for (const Bad& k : bad) {
+    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), false), Variant::kMxfp8, Protocol::kAuto, "before");
+    const Problem p = testing::make_problem(seed++, 8, 5120, 4, tp(), false);
+    Desc x(b.x, testing::kBF16, {8, 5120}, dev), res(b.residual, testing::kBF16, {8, 4, 5120}, dev),
+        post(b.post, testing::kF32, {8, 4}, dev), comb(b.comb, testing::kF32, {8, 4, 4}, dev),
+        pre(b.pre, testing::kF32, {8, 4}, dev), norm(b.norm, testing::kBF16, {5120}, dev),
+        out(b.res_out, testing::kBF16, {8, 4, 5120}, dev), li(b.layer, testing::kBF16, {8, 5120}, dev),
+        val(b.values, testing::kU8, {8, 5120}, dev), sc(b.scales, testing::kU8, {mxfp8_scale_bytes(8, 5120)}, dev);
+    AllReduceMHCCallArgs a;
+    a.x = x.get();
+    a.epilogue = {res.get(), post.get(), comb.get(), pre.get(), norm.get(), 1e-6f, out.get(), li.get(), val.get(), sc.get()};
+    std::vector<Desc> keep;
+    keep.reserve(4);
+    k.mutate(a, keep);
+    if (std::string(k.what) == "one-shot forced above its rows") {
+      // M=8 fits the one-shot here; force a size it cannot hold instead.
+      keep.emplace_back(b.x, testing::kBF16, std::vector<int64_t>{64, 5120}, dev);
+      a.x = keep.back().get();
+    }
+    EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
+    (void)p;
+    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), true), Variant::kMxfp8, Protocol::kAuto, "after");
+  }
+  comm().check_errors();
+}
+
+TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHC op(comm(), config(5120, 4, 16, 9));
+  CallBuffers b(16, 5120, 4, 6);
+  Problem p = testing::make_problem(50000, 5, 5120, 4, tp(), true);
+  for (auto& routes : p.routes) routes[7] = 1 << 20;  // row 1, route 1: far outside gemm2
+  run(op, b, p, Variant::kPlain, Protocol::kAuto, "bad route");
+  try {
+    comm().check_errors();
+    ADD_FAILURE() << "the bad route was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
+  }
+  comm().check_errors();  // reported once; the communicator stays usable
+  run(op, b, testing::make_problem(50001, 5, 5120, 4, tp(), true), Variant::kPlain, Protocol::kAuto, "after");
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+// A rank that never publishes: the other gets Error(kPeerTimeout) naming it within the budget.
+TEST(PeerTimeout, ReportedNamingThePeer) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (!env().world) GTEST_SKIP() << "needs 2 ranks: run under mhccl-launch -n 2";
+  CommunicatorOptions o;
+  o.wait_timeout_ms = 1000;
+  std::unique_ptr<Communicator> c = make_world_communicator(o);
+  if (!c->peers_reachable()) GTEST_SKIP() << "peers not load/store reachable: no Lamport waits";
+  {
+    AllReduceMHC op(*c, config(5120, 4, 16, 9));
+    CallBuffers b(16, 5120, 4, 6);
+    const int tp = c->tp();
+    if (c->rank() == 0) {
+      const Problem p = testing::make_problem(60000, 4, 5120, 4, tp, false);
+      upload(p, 0, b);
+      const auto t0 = std::chrono::steady_clock::now();
+      launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+      MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 10.0);
+      try {
+        c->check_errors();
+        ADD_FAILURE() << "no timeout reported";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout) << e.what();
+        EXPECT_NE(std::string(e.what()).find("waited for rank 1"), std::string::npos) << e.what();
+      }
+      EXPECT_FALSE(c->usable());
+      try {
+        launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+        ADD_FAILURE() << "an unusable communicator took a call";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kUnusable) << e.what();
+      }
+    }
+    env().barrier();
+  }
+  env().barrier();
+}
+
+}  // namespace
+}  // namespace mhccl::gputest

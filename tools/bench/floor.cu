@@ -1,0 +1,177 @@
+#include "bench/floor.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "common/device_buffer.h"
+#include "kernels/lamport.cuh"
+#include "kernels/launch.h"
+
+namespace mhccl::bench {
+namespace {
+
+using namespace mhccl::kernels;
+
+struct FloorParams {
+  const uint4* x;
+  uint4* y;
+  void* mailboxes[kMaxTp];  // mailboxes[i]: rank (rank + i) % tp's
+  int tp, rank;
+  int64_t m, capacity;
+  int np;
+  RowTiling tiling;
+  LamportState* state;
+  ErrorSink err;
+};
+
+__global__ void floor_publish(const FloorParams p) {
+  const RowPack rp = row_pack(p.tiling, p.np);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!rp.active) return;
+  const uint4 v = publishable<Bf16Lanes>(ld_input(p.x + rp.row * p.np + rp.pack));
+  const uint32_t gen = p.state->generation;
+  const int64_t off = ((int64_t(gen) * p.tp + p.rank) * p.capacity + rp.row) * p.np + rp.pack;
+#pragma unroll
+  for (int i = 0; i < kMaxTp; ++i) if (i < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[i]) + off, v);
+}
+
+__global__ void floor_poll(const FloorParams p) {
+  const RowPack rp = row_pack(p.tiling, p.np);
+  pdl_wait();
+  pdl_launch_dependents();
+  const Generation g = read_generation(p.state);
+  uint4* local = static_cast<uint4*>(p.mailboxes[0]);
+  const int64_t slot = p.capacity * p.np;
+  reset_slots<Bf16Lanes>(local + int64_t(g.previous) * p.tp * slot, p.tp, slot, int64_t(g.prev_rows) * p.np);
+  if (rp.active) {
+    const uint4* base = local + (int64_t(g.current) * p.tp * p.capacity + rp.row) * p.np + rp.pack;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < p.tp; ++r) {
+      uint4 v = ld_volatile(base + r * slot);
+      wait_slot<Bf16Lanes>(base + r * slot, v, p.err, WaitSite{kProtoOneShot, r, g.current, rp.row});
+      float f[8];
+      unpack_bf16(v, f);
+      for (int e = 0; e < 8; ++e) acc[e] += f[e];
+    }
+    p.y[rp.row * p.np + rp.pack] = pack_bf16(acc);
+  }
+  arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
+}
+
+__global__ void store_to_peer(const uint4* src, uint4* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+void launch(void (*k)(FloorParams), const FloorParams& p, cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.m * p.tiling.ctas_per_row));
+  cfg.blockDim = dim3(p.tiling.threads);
+  cfg.stream = s;
+  cudaLaunchAttribute a[2];
+  a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a[0].val.programmaticStreamSerializationAllowed = 1;
+  int n = 1;
+  if (p.tiling.ctas_per_row > 1) {
+    a[1].id = cudaLaunchAttributeClusterDimension;
+    a[1].val.clusterDim = {static_cast<unsigned>(p.tiling.ctas_per_row), 1, 1};
+    ++n;
+  }
+  cfg.attrs = a;
+  cfg.numAttrs = n;
+  MHCCL_TEST_CUDA(cudaLaunchKernelEx(&cfg, k, p));
+}
+
+}  // namespace
+
+LamportFloor::LamportFloor(Communicator& comm, int64_t capacity_rows, int64_t hidden)
+    : comm_(comm), capacity_(capacity_rows), hidden_(hidden) {
+  mailbox_ = comm.alloc_symmetric(static_cast<size_t>(3 * comm.tp() * capacity_rows * hidden * 2),
+                                  kBf16SentinelPair);
+  MHCCL_TEST_CUDA(cudaMalloc(&state_, sizeof(LamportState)));
+  MHCCL_TEST_CUDA(cudaMemset(state_, 0, sizeof(LamportState)));
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+}
+
+LamportFloor::~LamportFloor() {
+  cudaDeviceSynchronize();
+  cudaFree(state_);
+}
+
+void LamportFloor::run(const void* x, void* y, int64_t m, cudaStream_t stream) {
+  FloorParams p = {};
+  p.x = static_cast<const uint4*>(x);
+  p.y = static_cast<uint4*>(y);
+  p.tp = comm_.tp();
+  p.rank = comm_.rank();
+  for (int i = 0; i < p.tp; ++i) p.mailboxes[i] = mailbox_->peer((p.rank + i) % p.tp);
+  p.m = m;
+  p.capacity = capacity_;
+  p.np = static_cast<int>(hidden_ / 8);
+  p.tiling = row_tiling(p.np, m);
+  p.state = static_cast<LamportState*>(state_);
+  // Waits of the floor report nowhere: a stand-in sink whose budget is generous.
+  static uint32_t* words = nullptr;
+  static ErrorRecord* record = nullptr;
+  if (!words) {
+    MHCCL_TEST_CUDA(cudaMalloc(&words, 8));
+    MHCCL_TEST_CUDA(cudaMemset(words, 0, 8));
+    MHCCL_TEST_CUDA(cudaMalloc(&record, sizeof(ErrorRecord)));
+    MHCCL_TEST_CUDA(cudaMemset(record, 0, sizeof(ErrorRecord)));
+  }
+  p.err = ErrorSink{record, words, words + 1, 30ull * 1000000000ull, 0};
+  launch(floor_publish, p, stream);
+  launch(floor_poll, p, stream);
+}
+
+double copy_bandwidth_gbps(size_t bytes, cudaStream_t stream) {
+  testing::DeviceBuffer a(bytes), b(bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  MHCCL_TEST_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+  float best = 1e30f;
+  for (int i = 0; i < 5; ++i) {
+    cudaEventRecord(e0, stream);
+    MHCCL_TEST_CUDA(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+    cudaEventRecord(e1, stream);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * bytes / (best * 1e-3) / 1e9;
+}
+
+double peer_store_bandwidth_gbps(Communicator& comm, size_t bytes, cudaStream_t stream) {
+  auto buf = comm.alloc_symmetric(bytes, 0);
+  testing::DeviceBuffer src(bytes);
+  MHCCL_TEST_CUDA(cudaMemset(src.get(), 1, bytes));
+  uint4* dst = static_cast<uint4*>(buf->peer((comm.rank() + 1) % comm.tp()));
+  const size_t n = bytes / 16;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  store_to_peer<<<132 * 4, 512, 0, stream>>>(src.as<uint4>(), dst, n);
+  float best = 1e30f;
+  for (int i = 0; i < 5; ++i) {
+    cudaEventRecord(e0, stream);
+    store_to_peer<<<132 * 4, 512, 0, stream>>>(src.as<uint4>(), dst, n);
+    cudaEventRecord(e1, stream);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  MHCCL_TEST_CUDA(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  MHCCL_TEST_CUDA(cudaStreamSynchronize(stream));
+  return bytes / (best * 1e-3) / 1e9;
+}
+
+}  // namespace mhccl::bench

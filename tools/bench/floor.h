@@ -1,0 +1,32 @@
+// Bench-only baselines: the Lamport floor (a plain one-shot publish + poll of the same rows with
+// no epilogue: the least an all-reduce of these rows costs over this protocol), and the two
+// bandwidth ceilings (HBM copy, NVLink stores to a peer) the floors of large M are made of.
+#pragma once
+
+#include <memory>
+
+#include "mhccl/communicator.h"
+
+namespace mhccl::bench {
+
+class LamportFloor {
+ public:
+  LamportFloor(Communicator& comm, int64_t capacity_rows, int64_t hidden);
+  ~LamportFloor();
+  // y[M, H] = bf16(sum of every rank's x[M, H]), one-shot: publish + poll.
+  void run(const void* x, void* y, int64_t m, cudaStream_t stream);
+
+ private:
+  Communicator& comm_;
+  int64_t capacity_, hidden_;
+  std::unique_ptr<SymmetricBuffer> mailbox_;
+  void* state_ = nullptr;
+};
+
+// Device-to-device copy bandwidth, bytes read plus bytes written per second.
+double copy_bandwidth_gbps(size_t bytes, cudaStream_t stream);
+// Bandwidth of 16-byte stores from this rank into peer `(rank + 1) % tp`'s memory over the
+// symmetric window's peer mapping (the path every publish takes), bytes per second.
+double peer_store_bandwidth_gbps(Communicator& comm, size_t bytes, cudaStream_t stream);
+
+}  // namespace mhccl::bench

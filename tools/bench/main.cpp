@@ -1,0 +1,254 @@
+// mhccl-bench, the main job: over the GPUs of this machine, checks every op against the CPU
+// reference, then times mhccl against NCCL baselines side by side and prints a table.
+//   mhccl-bench                 every local GPU as one TP group, then TP=1
+//   mhccl-bench --json out.json --tp 2 --ops allreduce,twoshot --quick
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "launch/launcher.h"
+
+using json = nlohmann::json;
+
+namespace mhccl::bench {
+
+bool Options::wants(const std::string& op) const {
+  if (ops.empty()) return true;
+  for (const std::string& o : ops) if (o == op) return true;
+  return false;
+}
+
+std::vector<std::string> Options::worker_args() const {
+  std::vector<std::string> a = {"--worker"};
+  if (!ops.empty()) {
+    std::string s;
+    for (const auto& o : ops) s += (s.empty() ? "" : ",") + o;
+    a.insert(a.end(), {"--ops", s});
+  }
+  if (!check) a.push_back("--no-check");
+  if (!timing) a.push_back("--check-only");
+  if (quick) a.push_back("--quick");
+  a.insert(a.end(), {"--capacity-bytes", std::to_string(ag_capacity), "--calls-per-graph",
+                     std::to_string(calls_per_graph), "--repeats", std::to_string(repeats)});
+  return a;
+}
+
+namespace {
+
+std::string fmt(double v, int prec = 2) {
+  if (v < 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+double num(const json& r, const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : -1; }
+
+void print_tables(const std::vector<json>& rows) {
+  std::map<int, std::vector<json>> by_tp;
+  for (const json& r : rows) by_tp[r["tp"].get<int>()].push_back(r);
+  for (auto& [tp, rs] : by_tp) {
+    bool head = false;
+    for (const json& r : rs) {
+      if (r["op"] != "allgather") continue;
+      if (!head) {
+        std::printf("\nLamportAllGather, TP=%d\n  %10s %10s %16s %8s\n", tp, "bytes/rank", "mhccl us", "ncclAllGather us", "speedup");
+        head = true;
+      }
+      const double b = num(r, "baseline_us"), u = num(r, "us_median");
+      std::printf("  %10lld %10s %16s %8s\n", r["bytes"].get<long long>(), fmt(u).c_str(), fmt(b).c_str(),
+                  b > 0 ? (fmt(b / u) + "x").c_str() : "-");
+    }
+    head = false;
+    for (const json& r : rs) {
+      const std::string op = r["op"];
+      if (op.rfind("allreduce_mhc", 0) != 0 || r.contains("lamport_floor_us")) continue;
+      if (!head) {
+        std::printf("\nAllReduceMHC, TP=%d, H=%d, hc=%d\n  %-9s %-13s %5s %-9s %9s %14s %8s %9s %12s %8s\n", tp,
+                    r["hidden"].get<int>(), r["hc"].get<int>(), "op", "variant", "M", "protocol", "mhccl us",
+                    tp > 1 ? "nccl+cons. us" : "GB/s", tp > 1 ? "speedup" : "% copy", "floor us", "floor+epi us", "ratio");
+        head = true;
+      }
+      const double u = num(r, "us_median"), b = num(r, "baseline_us"), f = num(r, "floor_us"), e = num(r, "epilogue_hbm_us");
+      const std::string short_op = op.substr(op.find('.') + 1);
+      if (tp > 1) {
+        std::printf("  %-9s %-13s %5lld %-9s %9s %14s %8s %9s %12s %8s\n", short_op.c_str(),
+                    r["variant"].get<std::string>().c_str(), r["m"].get<long long>(),
+                    r["protocol"].get<std::string>().c_str(), fmt(u).c_str(), fmt(b).c_str(),
+                    b > 0 ? (fmt(b / u) + "x").c_str() : "-", fmt(f).c_str(), f > 0 ? fmt(f + e).c_str() : "-",
+                    f > 0 ? fmt(u / (f + e)).c_str() : "-");
+      } else {
+        const double gbps = num(r, "hbm_gbps");
+        double copy = -1;
+        for (const json& q : rs) if (q["op"] == "bandwidth") copy = num(q, "copy_gbps");
+        std::printf("  %-9s %-13s %5lld %-9s %9s %14s %8s\n", short_op.c_str(), r["variant"].get<std::string>().c_str(),
+                    r["m"].get<long long>(), "tp1", fmt(u).c_str(), fmt(gbps, 0).c_str(),
+                    copy > 0 ? fmt(100 * gbps / copy, 0).c_str() : "-");
+      }
+    }
+    head = false;
+    for (const json& r : rs) {
+      if (!r.contains("lamport_floor_us") || r["protocol"] != "one-shot") continue;
+      if (!head) {
+        std::printf("\nOne-shot vs two-shot vs NCCL all-reduce + consumer, TP=%d, plain\n  %-9s %5s %10s %10s %13s %10s %10s %10s\n",
+                    tp, "op", "M", "one-shot", "two-shot", "nccl+cons.", "best/nccl", "lamport fl", "bw floor");
+        head = true;
+      }
+      double two = -1, bw2 = -1;
+      for (const json& q : rs) {
+        if (q.contains("lamport_floor_us") && q["op"] == r["op"] && q["m"] == r["m"] && q["protocol"] == "two-shot") {
+          two = num(q, "us_median");
+          bw2 = num(q, "bandwidth_floor_us");
+        }
+      }
+      const double one = num(r, "us_median"), nccl = num(r, "baseline_us");
+      const std::string op = r["op"];
+      std::printf("  %-9s %5lld %10s %10s %13s %10s %10s %10s\n", op.substr(op.find('.') + 1).c_str(),
+                  r["m"].get<long long>(), fmt(one).c_str(), fmt(two).c_str(), fmt(nccl).c_str(),
+                  (fmt(nccl / std::min(one, two > 0 ? two : one)) + "x").c_str(),
+                  fmt(num(r, "lamport_floor_us")).c_str(), fmt(bw2).c_str());
+    }
+    for (const json& r : rs) {
+      if (r["op"] == "memory") {
+        std::printf("\nTP=%d mailboxes per rank: %.1f MiB (capacity %lld rows, H=%d)\n", tp,
+                    num(r, "mailbox_bytes") / 1048576.0, r["m"].get<long long>(), r["hidden"].get<int>());
+      }
+    }
+  }
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "mhccl-bench";
+}
+
+std::string machine_json(json& meta) {
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  int driver = 0, runtime = 0, nccl = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  ncclGetVersion(&nccl);
+  meta["gpus"] = n;
+  meta["gpu"] = prop.name;
+  meta["sms"] = prop.multiProcessorCount;
+  meta["cuda_driver"] = driver;
+  meta["cuda_runtime"] = runtime;
+  meta["nccl"] = nccl;
+  std::ostringstream o;
+  o << n << " x " << prop.name << " (" << prop.multiProcessorCount << " SMs), CUDA driver " << driver
+    << ", runtime " << runtime << ", NCCL " << nccl;
+  return o.str();
+}
+
+}  // namespace
+}  // namespace mhccl::bench
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  mhccl::bench::Options o;
+  bool worker = false;
+  std::string ops_list;
+  CLI::App app{"mhccl-bench: checks mhccl's ops against the CPU reference on every local GPU, then\n"
+               "times them against NCCL baselines (CUDA-graph replays, median of repeats)."};
+  app.add_option("--tp", o.tps, "TP sizes to run (default: every local GPU as one group, then 1)");
+  app.add_option("--ops", ops_list, "comma list of allgather, allreduce, twoshot (default: all)");
+  app.add_option("--json", o.json_path, "write every row (op, variant, protocol, tp, m, bytes/hidden, hc, us_median, baseline, baseline_us, correct) to this file");
+  app.add_flag("--quick", o.quick, "fewer sizes (a smoke run)");
+  bool check_only = false, no_check = false;
+  app.add_flag("--check-only", check_only, "only the checks against the CPU reference");
+  app.add_flag("--no-check", no_check, "skip the checks, only time");
+  app.add_option("--capacity-bytes", o.ag_capacity, "LamportAllGather capacity per rank (default 1 MiB)");
+  app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20)");
+  app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)");
+  app.add_flag("--worker", worker, "internal: run as one rank (set by mhccl-launch)")->group("");
+  app.add_option("--rows-out", o.rows_out, "internal: where rank 0 writes its rows")->group("");
+  CLI11_PARSE(app, argc, argv);
+  o.check = !no_check;
+  o.timing = !check_only;
+  std::stringstream ss(ops_list);
+  for (std::string op; std::getline(ss, op, ',');) {
+    if (op != "allgather" && op != "allreduce" && op != "twoshot") {
+      std::fprintf(stderr, "mhccl-bench: unknown op '%s' (allgather, allreduce, twoshot)\n", op.c_str());
+      return 2;
+    }
+    o.ops.push_back(op);
+  }
+  if (worker) {
+    try {
+      return mhccl::bench::run_worker(o);
+    } catch (const std::exception& e) {
+      std::printf("mhccl-bench worker failed: %s\n", e.what());
+      return 3;
+    }
+  }
+
+  const int gpus = mhccl::launch::local_gpu_count();
+  if (gpus == 0) {
+    std::printf("mhccl-bench: no CUDA device: it needs an NVIDIA GPU (sm_90+) with a driver\n");
+    return 2;
+  }
+  if (o.tps.empty()) {
+    o.tps.push_back(gpus);
+    if (gpus > 1) o.tps.push_back(1);
+  }
+  json meta;
+  const std::string machine = mhccl::bench::machine_json(meta);
+  std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  const char* commit = std::getenv("MHCCL_COMMIT");
+  std::printf("mhccl-bench on %s; %s\n", machine.c_str(), date);
+  std::vector<json> rows;
+  int rc = 0;
+  for (int tp : o.tps) {
+    if (tp < 1 || tp > gpus) {
+      std::printf("mhccl-bench: TP=%d needs %d GPUs, found %d: skipped\n", tp, tp, gpus);
+      continue;
+    }
+    char path[] = "/tmp/mhccl-bench-rows-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    mhccl::launch::Options lo;
+    lo.nprocs = tp;
+    lo.prefix_output = false;
+    lo.timeout_s = 3600;
+    lo.argv = {mhccl::bench::self_exe()};
+    for (const std::string& a : o.worker_args()) lo.argv.push_back(a);
+    lo.argv.insert(lo.argv.end(), {"--rows-out", path});
+    const mhccl::launch::Result r = mhccl::launch::run(lo);
+    if (r.exit_code != 0) {
+      std::printf("mhccl-bench: TP=%d %s (exit %d)\n", tp, r.exit_code == 1 ? "had FAILED checks" : "failed", r.exit_code);
+      rc = 1;
+    }
+    std::ifstream f(path);
+    json part;
+    if (f && (f >> part) && part.is_array()) for (auto& row : part) rows.push_back(row);
+    std::remove(path);
+  }
+  mhccl::bench::print_tables(rows);
+  if (!o.json_path.empty()) {
+    json doc{{"machine", meta}, {"date", date}, {"command", command},
+             {"commit", commit ? commit : "unknown"}, {"rows", rows}};
+    std::ofstream(o.json_path) << doc.dump(1) << "\n";
+    std::printf("\nwrote %zu rows to %s\n", rows.size(), o.json_path.c_str());
+  }
+  std::printf("%s\n", rc == 0 ? "mhccl-bench: all checks PASSED" : "mhccl-bench: FAILED");
+  return rc;
+}

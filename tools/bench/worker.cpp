@@ -1,0 +1,463 @@
+// One rank of mhccl-bench: first checks every op against the CPU reference (PASS/FAIL per
+// case), then times ours and the baselines side by side with CUDA graphs, and (rank 0) writes
+// the rows.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
+#include "bench/floor.h"
+#include "common/device_buffer.h"
+#include "common/fill_random.h"
+#include "common/mhc_harness.h"
+#include "common/tensor_desc.h"
+#include "mhccl/all_gather.h"
+#include "mhccl/all_reduce_mhc.h"
+#include "mhccl/bootstrap.h"
+#include "mhccl/communicator.h"
+#include "mhccl/error.h"
+#include "mhccl/mxfp8.h"
+#include "mhccl/reference.h"
+
+namespace mhccl::bench {
+namespace {
+
+using json = nlohmann::json;
+using testing::CallBuffers;
+using testing::Desc;
+using testing::DeviceBuffer;
+using testing::Problem;
+using testing::Variant;
+
+constexpr int64_t kH = 5120;  // DSV4.1
+constexpr int kHc = 4;
+constexpr int kTopK = 6;
+
+struct Ctx {
+  Options opt;
+  RankEnvironment ranks;
+  int device = 0, tp = 1, rank = 0;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<Communicator> comm;
+  DeviceBuffer scratch{64};
+  std::vector<json> rows;
+  int failures = 0;
+  std::map<std::string, bool> correct;  // op -> every check passed
+  double copy_gbps = 0, peer_gbps = 0;
+
+  template <class... A> void say(const char* fmt, A... a) {
+    if (rank == 0) { std::printf(fmt, a...); std::fflush(stdout); }
+  }
+  void sync() { MHCCL_TEST_CUDA(cudaStreamSynchronize(stream)); }
+  void nccl(ncclResult_t r) { if (r != ncclSuccess) throw std::runtime_error(ncclGetErrorString(r)); }
+  void barrier() {
+    if (tp > 1) nccl(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclInt32, ncclSum, comm->nccl(), stream));
+    sync();
+  }
+  double max_over_ranks(double v) {
+    if (tp == 1) return v;
+    MHCCL_TEST_CUDA(cudaMemcpy(scratch.get(), &v, 8, cudaMemcpyHostToDevice));
+    nccl(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclFloat64, ncclMax, comm->nccl(), stream));
+    sync();
+    MHCCL_TEST_CUDA(cudaMemcpy(&v, scratch.get(), 8, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  bool all_ranks(bool ok) { return max_over_ranks(ok ? 0.0 : 1.0) == 0.0; }
+  bool same_on_all_ranks(uint64_t h) {
+    return max_over_ranks(double(h >> 11)) == double(h >> 11) && -max_over_ranks(-double(h >> 11)) == double(h >> 11);
+  }
+
+  // One check case: every rank's verdict combined; PASS/FAIL printed by rank 0.
+  void verdict(const std::string& op, const std::string& what, const std::string& local_error) {
+    if (!local_error.empty()) std::printf("rank %d: %s %s: %s\n", rank, op.c_str(), what.c_str(), local_error.c_str());
+    const bool ok = all_ranks(local_error.empty());
+    say("  %s  %-24s %s\n", ok ? "PASS" : "FAIL", op.c_str(), what.c_str());
+    if (!ok) ++failures;
+    if (!correct.count(op)) correct[op] = true;
+    correct[op] = correct[op] && ok;
+  }
+
+  // Median time of one call, us: CUDA events around graph replays of calls_per_graph calls
+  // (call i uses input set i % sets), warm-up excluded; the slowest rank's median.
+  double time_calls(const std::function<void(int)>& enqueue) {
+    enqueue(0);  // eager: first-use allocations happen outside capture
+    barrier();
+    const int k = opt.calls_per_graph;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MHCCL_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < k; ++i) enqueue(i);
+    MHCCL_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+    MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int w = 0; w < opt.warmup; ++w) {
+      barrier();
+      MHCCL_TEST_CUDA(cudaGraphLaunch(exec, stream));
+      sync();
+    }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> samples;
+    for (int r = 0; r < opt.repeats; ++r) {
+      barrier();
+      cudaEventRecord(e0, stream);
+      for (int l = 0; l < opt.launches_per_repeat; ++l) MHCCL_TEST_CUDA(cudaGraphLaunch(exec, stream));
+      cudaEventRecord(e1, stream);
+      sync();
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      samples.push_back(ms * 1000.0 / (opt.launches_per_repeat * k));
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    comm->check_errors();
+    std::sort(samples.begin(), samples.end());
+    return max_over_ranks(samples[samples.size() / 2]);
+  }
+};
+
+const char* variant_key(Variant v) {
+  return v == Variant::kPlain ? "plain" : v == Variant::kMxfp8 ? "mxfp8" : "residual_only";
+}
+
+// --- Checks -------------------------------------------------------------------------------------
+void check_all_gather(Ctx& c) {
+  LamportAllGather ag(*c.comm, c.opt.ag_capacity);
+  for (int64_t bytes : {int64_t{16}, int64_t{4096}, c.opt.ag_capacity}) {
+    std::vector<std::vector<uint8_t>> in(c.tp);
+    for (int r = 0; r < c.tp; ++r) {
+      std::mt19937_64 rng(bytes * 31 + r);
+      in[r].resize(bytes);
+      for (auto& b : in[r]) b = static_cast<uint8_t>(rng());
+      std::memcpy(in[r].data(), "\x00\x00\x00\x80", 4);  // a sentinel word
+    }
+    DeviceBuffer d_in(bytes), d_out(bytes * c.tp);
+    d_in.upload(in[c.rank]);
+    d_out.poison();
+    Desc din(d_in.get(), testing::kU8, {bytes}, c.device), dout(d_out.get(), testing::kU8, {bytes * c.tp}, c.device);
+    std::string err;
+    try {
+      ag.call(din.t, dout.t, c.stream);
+      c.sync();
+      std::vector<const uint8_t*> ptrs;
+      for (auto& v : in) ptrs.push_back(v.data());
+      std::vector<uint8_t> want(bytes * c.tp);
+      reference::all_gather(ptrs, bytes, want.data());
+      if (d_out.download<uint8_t>(bytes * c.tp) != want) err = "output differs from the reference";
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    c.verdict("allgather", "tp=" + std::to_string(c.tp) + " " + std::to_string(bytes) + " B/rank", err);
+  }
+}
+
+void check_all_reduce(Ctx& c) {
+  AllReduceMHCConfig cfg;
+  cfg.hidden_size = kH;
+  cfg.hc_mult = kHc;
+  cfg.max_num_tokens = 256;
+  cfg.top_k = kTopK;
+  cfg.quantize_layer_input = true;
+  cfg.residual_only = true;
+  cfg.two_shot_min_rows = cfg.two_shot_min_finalize_rows = 129;  // both protocols in 256 rows
+  AllReduceMHC op(*c.comm, cfg);
+  CallBuffers b(256, kH, kHc, kTopK);
+  uint64_t seed = 77;
+  auto one = [&](const Problem& p, Variant v, Protocol proto, uint64_t* hash) {
+    std::string err;
+    try {
+      testing::upload(p, c.rank, b);
+      testing::launch(op, p, v, proto, b, c.device, c.stream);
+      c.sync();
+      const testing::Outputs got = testing::download(p, v, b);
+      err = testing::check(p, v, got);
+      if (hash) *hash = got.hash();
+      if (err.empty() && !c.same_on_all_ranks(got.hash())) err = "ranks differ";
+      c.comm->check_errors();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    return err;
+  };
+  for (bool fin : {false, true}) {
+    const std::string op_name = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
+    for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+      for (int64_t m : {1, 64, 128, 256}) {
+        const Problem p = testing::make_problem(seed++, m, kH, kHc, c.tp, fin, kTopK);
+        c.verdict(op_name, std::string("tp=") + std::to_string(c.tp) + " " + variant_key(v) + " M=" +
+                               std::to_string(m) + " " + protocol_name(op.protocol_for(m, fin)),
+                  one(p, v, Protocol::kAuto, nullptr));
+      }
+    }
+    if (c.tp > 1) {  // every protocol, identical bits
+      const Problem p = testing::make_problem(seed++, 64, kH, kHc, c.tp, fin, kTopK);
+      uint64_t h[3] = {0, 1, 2};
+      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
+      std::string err;
+      for (int i = 0; i < 3; ++i) {
+        const std::string e = one(p, Variant::kMxfp8, protos[i], &h[i]);
+        if (!e.empty() && err.empty()) err = std::string(protocol_name(protos[i])) + ": " + e;
+      }
+      if (err.empty() && (h[0] != h[1] || h[0] != h[2])) err = "protocols give different bits";
+      c.verdict(op_name, "tp=" + std::to_string(c.tp) + " mxfp8 M=64 one-shot = two-shot = nccl", err);
+    }
+  }
+}
+
+// --- Timing -------------------------------------------------------------------------------------
+// Random inputs of up to `rows` rows, filled on the device (fast at any size, never zeros).
+struct InputSets {
+  std::vector<std::unique_ptr<CallBuffers>> sets;
+  InputSets(int n, int64_t rows, cudaStream_t s) {
+    for (int i = 0; i < n; ++i) {
+      sets.push_back(std::make_unique<CallBuffers>(rows, kH, kHc, kTopK));
+      CallBuffers& b = *sets.back();
+      const uint64_t seed = 1000 + i;
+      const size_t mh = static_cast<size_t>(rows * kH);
+      MHCCL_TEST_CUDA(testing::fill_random_bf16(b.x, mh, seed, 0.7f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_bf16(b.gemm2, mh * kTopK, seed + 1, 1.0f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_f32(b.weights, rows * kTopK, seed + 2, 0.0f, 0.3f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_routes(b.routes, rows, kTopK, rows * kTopK, seed + 3, s));
+      MHCCL_TEST_CUDA(testing::fill_random_bf16(b.shared, mh, seed + 4, 0.5f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_bf16(b.residual, mh * kHc, seed + 5, 1.0f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_f32(b.post, rows * kHc, seed + 6, 0.0f, 2.0f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_f32(b.comb, rows * kHc * kHc, seed + 7, 0.0f, 0.5f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_f32(b.pre, rows * kHc, seed + 8, 0.0f, 1.0f, s));
+      MHCCL_TEST_CUDA(testing::fill_random_bf16(b.norm, kH, seed + 9, 0.3f, s));
+    }
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(s));
+  }
+  CallBuffers& operator[](int i) { return *sets[i % sets.size()]; }
+};
+
+// A Problem that carries only shapes (the inputs are already on the device).
+Problem shape_only(int64_t m, int tp, bool fin) {
+  Problem p;
+  p.m = m;
+  p.h = kH;
+  p.hc = kHc;
+  p.tp = tp;
+  p.top_k = kTopK;
+  p.finalize = fin;
+  p.gemm2_rows = m * kTopK;
+  return p;
+}
+
+// HBM bytes the fused epilogue must move per call: x (or the finalize inputs it reads) once,
+// residual in, residual_out and layer_input out (and the MXFP8 copy).
+double epilogue_bytes(int64_t m, Variant v) {
+  double b = double(m) * kH * 2 * (1 + 2 * kHc);
+  if (v != Variant::kResidualOnly) b += double(m) * kH * 2;
+  if (v == Variant::kMxfp8) b += double(m) * kH + double(mxfp8_scale_bytes(m, kH));
+  return b;
+}
+
+json base_row(Ctx& c, const std::string& op, const std::string& variant, const std::string& proto, int64_t m) {
+  return json{{"op", op}, {"variant", variant}, {"protocol", proto}, {"tp", c.tp}, {"m", m},
+              {"hidden", kH}, {"hc", kHc}};
+}
+
+void time_all_gather(Ctx& c) {
+  LamportAllGather ag(*c.comm, c.opt.ag_capacity);
+  constexpr int kSets = 4;
+  std::vector<DeviceBuffer> in, out;
+  for (int i = 0; i < kSets; ++i) {
+    in.emplace_back(c.opt.ag_capacity);
+    out.emplace_back(c.opt.ag_capacity * c.tp);
+    MHCCL_TEST_CUDA(testing::fill_random_bf16(in.back().get(), c.opt.ag_capacity / 2, 50 + i, 1.0f, c.stream));
+  }
+  std::vector<int64_t> sizes;
+  for (int64_t b = 16; b <= c.opt.ag_capacity; b *= c.opt.quick ? 16 : 4) sizes.push_back(b);
+  if (sizes.back() != c.opt.ag_capacity) sizes.push_back(c.opt.ag_capacity);
+  c.say("  all-gather: %zu sizes, capacity %lld B/rank, mailbox %.1f MiB/rank\n", sizes.size(),
+        (long long)c.opt.ag_capacity, ag.mailbox_bytes() / 1048576.0);
+  for (int64_t bytes : sizes) {
+    const double ours = c.time_calls([&](int i) {
+      Desc din(in[i % kSets].get(), testing::kU8, {bytes}, c.device);
+      Desc dout(out[i % kSets].get(), testing::kU8, {bytes * c.tp}, c.device);
+      ag.call(din.t, dout.t, c.stream);
+    });
+    double nccl = ours;
+    if (c.tp > 1) {
+      nccl = c.time_calls([&](int i) {
+        c.nccl(ncclAllGather(in[i % kSets].get(), out[i % kSets].get(), bytes, ncclUint8, c.comm->nccl(), c.stream));
+      });
+    }
+    json r{{"op", "allgather"}, {"variant", "-"}, {"protocol", c.tp > 1 ? "lamport" : "copy"}, {"tp", c.tp},
+           {"m", 0}, {"bytes", bytes}, {"us_median", ours}, {"baseline", "ncclAllGather"},
+           {"baseline_us", c.tp > 1 ? json(nccl) : json(nullptr)}};
+    c.say("    %8lld B/rank  mhccl %8.2f us   ncclAllGather %8.2f us\n", (long long)bytes, ours, nccl);
+    c.rows.push_back(r);
+  }
+}
+
+void time_all_reduce(Ctx& c) {
+  std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{1, 8, 64, 128}
+                                        : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
+  if (c.tp == 1) {
+    for (int64_t m : c.opt.quick ? std::vector<int64_t>{512, 4096} : std::vector<int64_t>{256, 512, 1024, 4096}) ms.push_back(m);
+  }
+  const int64_t cap = ms.back();
+  AllReduceMHCConfig cfg;
+  cfg.hidden_size = kH;
+  cfg.hc_mult = kHc;
+  cfg.max_num_tokens = cap;
+  cfg.top_k = kTopK;
+  cfg.quantize_layer_input = true;
+  cfg.residual_only = true;
+  AllReduceMHC op(*c.comm, cfg);
+  std::unique_ptr<LamportFloor> floor;
+  if (c.tp > 1 && c.comm->peers_reachable()) floor = std::make_unique<LamportFloor>(*c.comm, cap, kH);
+  InputSets sets(4, cap, c.stream);
+  c.say("  all-reduce: H=%lld hc=%d, M up to %lld; mailboxes %.1f MiB/rank (capacity %lld rows)\n",
+        (long long)kH, kHc, (long long)cap, op.mailbox_bytes() / 1048576.0, (long long)cap);
+  c.rows.push_back(json{{"op", "memory"}, {"tp", c.tp}, {"m", cap}, {"hidden", kH}, {"hc", kHc},
+                        {"mailbox_bytes", op.mailbox_bytes()}, {"config", "default thresholds"}});
+  for (int64_t m : ms) {
+    double floor_us = -1;
+    if (floor) {
+      floor_us = c.time_calls([&](int i) { floor->run(sets[i].x, sets[i].layer, m, c.stream); });
+    }
+    for (bool fin : {false, true}) {
+      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+        const Problem p = shape_only(m, c.tp, fin);
+        const double ours = c.time_calls([&](int i) {
+          testing::launch(op, p, v, Protocol::kAuto, sets[i], c.device, c.stream);
+        });
+        double nccl = -1;
+        if (c.tp > 1) {
+          nccl = c.time_calls([&](int i) {
+            testing::launch(op, p, v, Protocol::kNccl, sets[i], c.device, c.stream);
+          });
+        }
+        const double epi_us = epilogue_bytes(m, v) / (c.copy_gbps * 1e9) * 1e6;
+        const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
+        json r = base_row(c, opn, variant_key(v), c.tp == 1 ? "tp1" : protocol_name(op.protocol_for(m, fin)), m);
+        r["us_median"] = ours;
+        r["baseline"] = c.tp > 1 ? "nccl_allreduce+consumer" : "none";
+        r["baseline_us"] = c.tp > 1 ? json(nccl) : json(nullptr);
+        r["floor_us"] = floor_us >= 0 ? json(floor_us) : json(nullptr);
+        r["epilogue_hbm_us"] = epi_us;
+        r["epilogue_bytes"] = epilogue_bytes(m, v);
+        if (c.tp == 1) r["hbm_gbps"] = epilogue_bytes(m, v) / (ours * 1e-6) / 1e9;
+        c.rows.push_back(r);
+        if (c.tp > 1) {
+          c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  nccl+consumer %7.2f us (%.2fx)  floor %6.2f (+epi %.2f)\n",
+                opn.c_str(), variant_key(v), (long long)m, ours, nccl, nccl / ours, floor_us, epi_us);
+        } else {
+          c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  %7.0f GB/s (%.0f%% of copy)\n", opn.c_str(),
+                variant_key(v), (long long)m, ours, epilogue_bytes(m, v) / (ours * 1e-6) / 1e9,
+                100.0 * epilogue_bytes(m, v) / (ours * 1e-6) / 1e9 / c.copy_gbps);
+        }
+      }
+    }
+  }
+}
+
+// One-shot vs two-shot vs NCCL + consumer at large M (TP > 1): where the thresholds come from.
+void time_two_shot(Ctx& c) {
+  if (c.tp == 1 || !c.comm->peers_reachable()) return;
+  const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{256, 1024, 4096}
+                                              : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192};
+  const int64_t cap = ms.back();
+  AllReduceMHCConfig cfg;
+  cfg.hidden_size = kH;
+  cfg.hc_mult = kHc;
+  cfg.max_num_tokens = cap;
+  cfg.top_k = kTopK;
+  cfg.two_shot_min_rows = cap + 1;     // the one-shot mailbox holds every row ...
+  cfg.two_shot_min_finalize_rows = 1;  // ... and two-shot is built too
+  AllReduceMHC op(*c.comm, cfg);
+  LamportFloor floor(*c.comm, cap, kH);
+  InputSets sets(3, cap, c.stream);
+  c.say("  one-shot vs two-shot: P2P store %.0f GB/s, HBM copy %.0f GB/s; mailboxes %.1f MiB/rank\n",
+        c.peer_gbps, c.copy_gbps, op.mailbox_bytes() / 1048576.0);
+  for (int64_t m : ms) {
+    const double floor_us = c.time_calls([&](int i) { floor.run(sets[i].x, sets[i].layer, m, c.stream); });
+    for (bool fin : {false, true}) {
+      const Problem p = shape_only(m, c.tp, fin);
+      double t[3];
+      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
+      for (int k = 0; k < 3; ++k) {
+        t[k] = c.time_calls([&](int i) { testing::launch(op, p, Variant::kPlain, protos[k], sets[i], c.device, c.stream); });
+      }
+      const double row_bytes = double(m) * kH * 2;
+      const double nvlink_two = 2.0 * (c.tp - 1) / c.tp * row_bytes, nvlink_one = (c.tp - 1) * row_bytes;
+      const double hbm = epilogue_bytes(m, Variant::kPlain);
+      const double floor_two = std::max(nvlink_two / (c.peer_gbps * 1e9), hbm / (c.copy_gbps * 1e9)) * 1e6;
+      const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
+      for (int k = 0; k < 3; ++k) {
+        json r = base_row(c, opn, "plain", protocol_name(protos[k]), m);
+        r["us_median"] = t[k];
+        r["baseline"] = "nccl_allreduce+consumer";
+        r["baseline_us"] = t[2];
+        r["lamport_floor_us"] = floor_us;
+        r["bandwidth_floor_us"] = k == 0 ? std::max(nvlink_one / (c.peer_gbps * 1e9), hbm / (c.copy_gbps * 1e9)) * 1e6
+                                         : floor_two;
+        c.rows.push_back(r);
+      }
+      c.say("    %-22s M=%-5lld one-shot %8.2f  two-shot %8.2f  nccl+consumer %8.2f us  (floor: lamport %.2f, bandwidth %.2f)\n",
+            opn.c_str(), (long long)m, t[0], t[1], t[2], floor_us, floor_two);
+    }
+  }
+}
+
+}  // namespace
+
+int run_worker(const Options& opts) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  Ctx c;
+  c.opt = opts;
+  c.ranks = rank_environment();
+  int count = 0;
+  MHCCL_TEST_CUDA(cudaGetDeviceCount(&count));
+  c.device = c.ranks.local_rank % count;
+  MHCCL_TEST_CUDA(cudaSetDevice(c.device));
+  MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  c.comm = std::make_unique<Communicator>(share_unique_id(c.ranks), c.ranks.rank, c.ranks.world_size, c.device);
+  c.tp = c.comm->tp();
+  c.rank = c.comm->rank();
+  c.say("== TP=%d: %d rank(s), peers load/store reachable: %s ==\n", c.tp, c.tp,
+        c.comm->peers_reachable() ? "yes" : "no (NCCL fallback)");
+  if (opts.check) {
+    c.say("checks against the CPU reference:\n");
+    if (opts.wants("allgather")) check_all_gather(c);
+    if (opts.wants("allreduce") || opts.wants("twoshot")) check_all_reduce(c);
+  }
+  if (opts.timing) {
+    c.copy_gbps = copy_bandwidth_gbps(size_t(1) << 30, c.stream);
+    if (c.tp > 1 && c.comm->peers_reachable()) c.peer_gbps = peer_store_bandwidth_gbps(*c.comm, size_t(256) << 20, c.stream);
+    c.copy_gbps = c.max_over_ranks(-c.copy_gbps) * -1;  // the slower rank's
+    c.say("timing (CUDA graphs of %d calls, median of %d repeats; HBM copy %.0f GB/s%s):\n",
+          opts.calls_per_graph, opts.repeats, c.copy_gbps,
+          c.tp > 1 ? (", P2P store " + std::to_string(int(c.peer_gbps)) + " GB/s").c_str() : "");
+    c.rows.push_back(json{{"op", "bandwidth"}, {"tp", c.tp}, {"copy_gbps", c.copy_gbps}, {"peer_store_gbps", c.peer_gbps}});
+    if (opts.wants("allgather")) time_all_gather(c);
+    if (opts.wants("allreduce")) time_all_reduce(c);
+    if (opts.wants("twoshot")) time_two_shot(c);
+  }
+  for (json& r : c.rows) {
+    const std::string op = r.value("op", "");
+    if (c.correct.count(op)) r["correct"] = c.correct[op];
+    else if (op.rfind("allreduce", 0) == 0 || op == "allgather") r["correct"] = nullptr;
+  }
+  if (c.rank == 0 && !opts.rows_out.empty()) {
+    std::ofstream f(opts.rows_out);
+    f << json(c.rows).dump() << "\n";
+  }
+  c.barrier();
+  c.comm.reset();
+  return c.failures ? 1 : 0;
+}
+
+}  // namespace mhccl::bench

@@ -1,0 +1,66 @@
+// Small CUDA helpers for tests and mhccl-bench: an owning device buffer, checked calls.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+namespace mhccl::testing {
+
+inline void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define MHCCL_TEST_CUDA(expr) ::mhccl::testing::cuda_ok((expr), #expr)
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) MHCCL_TEST_CUDA(cudaMalloc(&ptr_, bytes + 64));  // + slack for offset views
+  }
+  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+  template <class T> void upload(const std::vector<T>& v, size_t offset_bytes = 0) {
+    if (v.empty()) return;
+    MHCCL_TEST_CUDA(cudaMemcpy(static_cast<char*>(ptr_) + offset_bytes, v.data(), v.size() * sizeof(T),
+                               cudaMemcpyHostToDevice));
+  }
+  template <class T> std::vector<T> download(size_t count, size_t offset_bytes = 0) const {
+    std::vector<T> v(count);
+    if (count) {
+      MHCCL_TEST_CUDA(cudaMemcpy(v.data(), static_cast<char*>(ptr_) + offset_bytes, count * sizeof(T),
+                                 cudaMemcpyDeviceToHost));
+    }
+    return v;
+  }
+  void poison(uint8_t byte = 0xA5) { MHCCL_TEST_CUDA(cudaMemset(ptr_, byte, bytes_)); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Busy-waits on the GPU for `ns` nanoseconds (bounded by construction): delays a rank.
+cudaError_t launch_gpu_delay(uint64_t ns, cudaStream_t stream);
+
+inline uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace mhccl::testing

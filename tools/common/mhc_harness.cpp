@@ -1,0 +1,192 @@
+#include "common/mhc_harness.h"
+
+#include <sstream>
+
+#include "common/tensor_desc.h"
+#include "mhccl/mxfp8.h"
+#include "mhccl/reference.h"
+
+namespace mhccl::testing {
+
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kPlain: return "plain";
+    case Variant::kMxfp8: return "mxfp8";
+    case Variant::kResidualOnly: return "residual-only";
+  }
+  return "?";
+}
+
+CallBuffers::CallBuffers(int64_t rows_, int64_t h_, int hc_, int top_k_)
+    : rows(rows_), h(h_), hc(hc_), top_k(top_k_) {
+  size_t off = 0;
+  std::vector<std::pair<char**, size_t>> parts;
+  auto take = [&](char** p, size_t bytes) { parts.push_back({p, bytes}); };
+  const size_t mh = static_cast<size_t>(rows * h);
+  take(&x, mh * 2);
+  take(&gemm2, mh * top_k * 2);
+  take(&weights, rows * top_k * 4);
+  take(&routes, rows * top_k * 4);
+  take(&shared, mh * 2);
+  take(&residual, mh * hc * 2);
+  take(&post, rows * hc * 4);
+  take(&comb, rows * hc * hc * 4);
+  take(&pre, rows * hc * 4);
+  take(&norm, h * 2);
+  take(&res_out, mh * hc * 2);
+  take(&layer, mh * 2);
+  take(&values, mh);
+  take(&scales, static_cast<size_t>(mxfp8_scale_bytes(rows, h % 32 == 0 ? h : 32)));
+  std::vector<size_t> offsets;
+  for (auto& [p, bytes] : parts) {
+    offsets.push_back(off);
+    off += (bytes + 255) / 256 * 256;
+  }
+  mem = DeviceBuffer(off);
+  for (size_t i = 0; i < parts.size(); ++i) *parts[i].first = mem.as<char>() + offsets[i];
+  output_offset = static_cast<size_t>(res_out - mem.as<char>());
+  output_bytes = off - output_offset;
+}
+
+uint64_t Outputs::hash() const {
+  uint64_t h = fnv1a(residual_out.data(), residual_out.size() * 2);
+  h = fnv1a(layer_input.data(), layer_input.size() * 2, h);
+  h = fnv1a(values.data(), values.size(), h);
+  return fnv1a(scales.data(), scales.size(), h);
+}
+
+void upload(const Problem& p, int rank, CallBuffers& b) {
+  auto put = [](char* dst, const void* src, size_t bytes) {
+    if (bytes) MHCCL_TEST_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  };
+  MHCCL_TEST_CUDA(cudaMemset(b.mem.as<char>() + b.output_offset, 0xA5, b.output_bytes));
+  const size_t mh = static_cast<size_t>(p.m * p.h);
+  if (!p.finalize) {
+    put(b.x, p.x[rank].data(), mh * 2);
+  } else {
+    put(b.gemm2, p.gemm2[rank].data(), p.gemm2[rank].size() * 2);
+    put(b.weights, p.weights[rank].data(), p.weights[rank].size() * 4);
+    put(b.routes, p.routes[rank].data(), p.routes[rank].size() * 4);
+    put(b.shared, p.shared[rank].data(), mh * 2);
+  }
+  put(b.residual, p.residual.data(), p.residual.size() * 2);
+  put(b.post, p.post.data(), p.post.size() * 4);
+  put(b.comb, p.comb.data(), p.comb.size() * 4);
+  put(b.pre, p.pre.data(), p.pre.size() * 4);
+  put(b.norm, p.norm_weight.data(), p.norm_weight.size() * 2);
+}
+
+void launch(AllReduceMHC& op, const Problem& p, Variant v, Protocol protocol,
+            CallBuffers& b, int device, cudaStream_t stream) {
+  const int64_t m = p.m, h = p.h, hc = p.hc;
+  Desc residual(b.residual, kBF16, {m, hc, h}, device);
+  Desc post(b.post, kF32, {m, hc}, device);
+  Desc comb(b.comb, kF32, {m, hc, hc}, device);
+  Desc pre(b.pre, kF32, {m, hc}, device);
+  Desc norm(b.norm, kBF16, {h}, device);
+  Desc res_out(b.res_out, kBF16, {m, hc, h}, device);
+  Desc layer(b.layer, kBF16, {m, h}, device);
+  Desc values(b.values, kU8, {m, h}, device);
+  Desc scales(b.scales, kU8, {v == Variant::kMxfp8 ? mxfp8_scale_bytes(m, h) : 0}, device);
+  MHCEpilogueArgs e;
+  e.residual = residual.get();
+  e.post = post.get();
+  e.comb = comb.get();
+  e.eps = p.eps;
+  e.residual_out = res_out.get();
+  if (v != Variant::kResidualOnly) {
+    e.pre = pre.get();
+    e.norm_weight = norm.get();
+    e.layer_input = layer.get();
+  }
+  if (v == Variant::kMxfp8) {
+    e.mxfp8_values = values.get();
+    e.mxfp8_scales = scales.get();
+  }
+  if (!p.finalize) {
+    Desc x(b.x, kBF16, {m, h}, device);
+    AllReduceMHCCallArgs a;
+    a.x = x.get();
+    a.epilogue = e;
+    a.protocol = protocol;
+    op.call(a, stream);
+  } else {
+    Desc gemm2(b.gemm2, kBF16, {p.gemm2_rows, h}, device);
+    Desc weights(b.weights, kF32, {m, p.top_k}, device);
+    Desc routes(b.routes, kI32, {m, p.top_k}, device);
+    Desc shared(b.shared, kBF16, {m, h}, device);
+    AllReduceMHCFinalizeArgs a;
+    a.gemm2_permuted = gemm2.get();
+    a.expert_weights = weights.get();
+    a.expanded_idx_to_permuted_idx = routes.get();
+    a.shared_output = shared.get();
+    a.epilogue = e;
+    a.protocol = protocol;
+    op.finalize(a, stream);
+  }
+}
+
+Outputs download(const Problem& p, Variant v, const CallBuffers& b) {
+  Outputs o;
+  const size_t mh = static_cast<size_t>(p.m * p.h);
+  auto get = [](auto& vec, size_t n, const char* src) {
+    vec.resize(n);
+    if (n) MHCCL_TEST_CUDA(cudaMemcpy(vec.data(), src, n * sizeof(vec[0]), cudaMemcpyDeviceToHost));
+  };
+  get(o.residual_out, mh * p.hc, b.res_out);
+  if (v != Variant::kResidualOnly) get(o.layer_input, mh, b.layer);
+  if (v == Variant::kMxfp8) {
+    get(o.values, mh, b.values);
+    get(o.scales, static_cast<size_t>(mxfp8_scale_bytes(p.m, p.h)), b.scales);
+  }
+  return o;
+}
+
+std::string check(const Problem& p, Variant v, const Outputs& got) {
+  std::ostringstream o;
+  const std::vector<uint16_t> y = reference_y(p);
+  const size_t mh = static_cast<size_t>(p.m * p.h);
+  const bool residual_only = v == Variant::kResidualOnly;
+  const reference::MHCProblem mp = p.mhc(residual_only);
+  std::vector<uint16_t> res_out(mh * p.hc), layer(residual_only ? 0 : mh);
+  reference::mhc_epilogue(mp, y.data(), res_out.data(), residual_only ? nullptr : layer.data());
+  for (size_t i = 0; i < res_out.size(); ++i) {
+    if (got.residual_out[i] != res_out[i]) {
+      o << "residual_out[" << i / (p.hc * p.h) << ", " << (i / p.h) % p.hc << ", " << i % p.h
+        << "] = 0x" << std::hex << got.residual_out[i] << ", reference 0x" << res_out[i];
+      return o.str();
+    }
+  }
+  if (residual_only) return "";
+  std::vector<double> fp64(mh);
+  reference::layer_input_fp64(mp, got.residual_out.data(), fp64.data());
+  for (size_t i = 0; i < mh; ++i) {
+    const double d = reference::bf16_ulp_distance(got.layer_input[i], fp64[i]);
+    if (!(d <= 1.0)) {
+      o << "layer_input[" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex << got.layer_input[i]
+        << std::dec << ", " << d << " ulp from FP64 " << fp64[i];
+      return o.str();
+    }
+  }
+  if (v == Variant::kMxfp8) {
+    std::vector<uint8_t> values(mh), scales(static_cast<size_t>(mxfp8_scale_bytes(p.m, p.h)));
+    reference::mxfp8_quantize(got.layer_input.data(), p.m, p.h, values.data(), scales.data());
+    for (size_t i = 0; i < mh; ++i) {
+      if (got.values[i] != values[i]) {
+        o << "mxfp8 value [" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex << int(got.values[i])
+          << ", reference 0x" << int(values[i]);
+        return o.str();
+      }
+    }
+    for (size_t i = 0; i < scales.size(); ++i) {
+      if (got.scales[i] != scales[i]) {
+        o << "mxfp8 scale byte " << i << " = " << int(got.scales[i]) << ", reference " << int(scales[i]);
+        return o.str();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace mhccl::testing

@@ -1,0 +1,184 @@
+#include "launch/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace mhccl::launch {
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int) { g_interrupted = 1; }
+
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string pending;  // output not yet ended by a newline
+  bool exited = false;
+  int code = 0;
+};
+
+void flush_lines(Child& c, int rank, bool prefix, bool final) {
+  size_t start = 0;
+  for (;;) {
+    const size_t nl = c.pending.find('\n', start);
+    if (nl == std::string::npos) break;
+    if (prefix) std::printf("[rank %d] ", rank);
+    std::fwrite(c.pending.data() + start, 1, nl + 1 - start, stdout);
+    start = nl + 1;
+  }
+  c.pending.erase(0, start);
+  if (final && !c.pending.empty()) {
+    if (prefix) std::printf("[rank %d] ", rank);
+    std::printf("%s\n", c.pending.c_str());
+    c.pending.clear();
+  }
+  std::fflush(stdout);
+}
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int local_gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+Result run(const Options& opts) {
+  Result res;
+  const int n = opts.nprocs;
+  res.rank_codes.assign(n, -1);
+  char dir_template[] = "/tmp/mhccl-launch-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  const std::string id_file = dir ? std::string(dir) + "/nccl_unique_id" : "";
+  std::vector<Child> children(n);
+  struct sigaction sa = {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t group = 0;
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) { std::perror("mhccl-launch: pipe"); res.exit_code = 1; return res; }
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, group);
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      setenv("MHCCL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCCL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MHCCL_LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("MHCCL_UNIQUE_ID_FILE", id_file.c_str(), 1);
+      for (const auto& [k, v] : opts.env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : opts.argv) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      std::fprintf(stderr, "mhccl-launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      _exit(127);
+    }
+    if (group == 0) group = pid;
+    setpgid(pid, group);
+    close(fds[1]);
+    children[r].pid = pid;
+    children[r].fd = fds[0];
+  }
+
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  bool killing = false;
+  auto kill_time = clock::now();
+  auto kill_group = [&](const char* why) {
+    if (killing) return;
+    killing = true;
+    kill_time = clock::now();
+    std::fprintf(stdout, "mhccl-launch: %s: stopping every rank\n", why);
+    std::fflush(stdout);
+    killpg(group, SIGTERM);
+  };
+  for (;;) {
+    std::vector<pollfd> pfds;
+    std::vector<int> owner;
+    for (int r = 0; r < n; ++r) {
+      if (children[r].fd >= 0) { pfds.push_back({children[r].fd, POLLIN, 0}); owner.push_back(r); }
+    }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Child& c = children[owner[i]];
+      char buf[8192];
+      const ssize_t got = read(c.fd, buf, sizeof buf);
+      if (got > 0) {
+        c.pending.append(buf, static_cast<size_t>(got));
+        flush_lines(c, owner[i], opts.prefix_output, false);
+      } else {
+        flush_lines(c, owner[i], opts.prefix_output, true);
+        close(c.fd);
+        c.fd = -1;
+      }
+    }
+    bool all_done = true;
+    for (int r = 0; r < n; ++r) {
+      Child& c = children[r];
+      if (!c.exited) {
+        int status = 0;
+        if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+          c.exited = true;
+          c.code = decode_status(status);
+          res.rank_codes[r] = c.code;
+          if (c.code != 0 && c.code != 77 && res.failed_rank < 0 && !killing) {
+            res.failed_rank = r;
+            kill_group(("rank " + std::to_string(r) + " exited with " + std::to_string(c.code)).c_str());
+          }
+        }
+      }
+      all_done = all_done && c.exited && c.fd < 0;
+    }
+    if (all_done) break;
+    const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
+    if (opts.timeout_s > 0 && elapsed > opts.timeout_s && !killing) {
+      res.timed_out = true;
+      kill_group(("deadline of " + std::to_string(static_cast<int>(opts.timeout_s)) + " s passed").c_str());
+    }
+    if (g_interrupted && !killing) kill_group("interrupted");
+    if (killing && std::chrono::duration<double>(clock::now() - kill_time).count() > 5.0) {
+      killpg(group, SIGKILL);
+    }
+  }
+  if (dir) std::filesystem::remove_all(dir);
+
+  bool all_skipped = n > 0;
+  for (int c : res.rank_codes) all_skipped = all_skipped && c == 77;
+  if (res.timed_out) {
+    res.exit_code = 124;
+  } else if (res.failed_rank >= 0) {
+    res.exit_code = res.rank_codes[res.failed_rank];
+  } else if (all_skipped) {
+    res.exit_code = 77;
+  } else {
+    res.exit_code = 0;
+    for (int c : res.rank_codes) if (c != 0 && c != 77) { res.exit_code = c; break; }
+  }
+  return res;
+}
+
+}  // namespace mhccl::launch

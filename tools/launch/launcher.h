@@ -1,0 +1,35 @@
+// mhccl's local launcher: one process per GPU of this machine, no MPI. Each child gets
+// MHCCL_RANK, MHCCL_WORLD_SIZE, MHCCL_LOCAL_RANK and a fresh MHCCL_UNIQUE_ID_FILE
+// (include/mhccl/bootstrap.h); its output is forwarded line by line with a rank prefix; the
+// group is killed when one rank fails or the deadline passes.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mhccl::launch {
+
+struct Options {
+  int nprocs = 1;
+  std::vector<std::string> argv;  // the program and its arguments
+  double timeout_s = 0;           // 0: no deadline
+  bool prefix_output = true;      // "[rank N] " before each forwarded line
+  std::vector<std::pair<std::string, std::string>> env;  // extra environment for every rank
+};
+
+struct Result {
+  int exit_code = 0;            // 0 all passed; 77 every rank skipped; 124 deadline; else the
+                                // first failing rank's code (128 + signal when killed)
+  std::vector<int> rank_codes;  // each rank's exit code
+  bool timed_out = false;
+  int failed_rank = -1;
+};
+
+// CUDA devices on this machine (0 when there is no driver or device).
+int local_gpu_count();
+
+// Runs opts.nprocs copies of opts.argv and waits for them.
+Result run(const Options& opts);
+
+}  // namespace mhccl::launch
