@@ -80,7 +80,8 @@ class SymmetricBuffer {
 
   void* local() const { return local_; }
   size_t bytes() const { return bytes_; }
-  // Device array of tp pointers: peers()[r] is rank r's copy (peers()[rank] == local()).
+  // Device array of tp pointers: peers()[r] is rank r's copy (peers()[rank] == local(), this
+  // rank's memory through NCCL's flat LSA mapping).
   void* const* peers() const { return peers_device_; }
   // The same pointers, readable on the host.
   void* peer(int r) const;

@@ -40,8 +40,10 @@ struct MHCProblem {
 void mhc_epilogue(const MHCProblem& p, const uint16_t* y, uint16_t* residual_out,
                   uint16_t* layer_input);
 
-// The layer input in FP64 from the BF16 residual_out, for checks of layer_input within 1 BF16
-// ulp (the kernels' FP32 RMS sum may associate differently from the reference's).
+// The layer input with its RMSNorm in FP64, for checks of layer_input within 1 BF16 ulp. The
+// collapse c is SPEC's FP32 fmaf chain over the BF16 residual_out (bit-exact by contract, and
+// where c nearly cancels its FP32 rounding dominates any tolerance); what may differ between
+// implementations is the RMS sum's association, rsqrt and the last products, checked here.
 void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double* out);
 
 // MXFP8 of [m, h] BF16 rows (include/mhccl/mxfp8.h): values [m, h] E4M3 and the swizzled UE8M0

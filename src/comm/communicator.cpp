@@ -219,16 +219,15 @@ std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uin
   MHCCL_CUDA(cudaMemcpyAsync(st.peers.data(), buf->peers_device_, im.tp * sizeof(void*),
                              cudaMemcpyDeviceToHost, im.setup_stream));
   im.barrier();  // every rank's fill is done before any peer can store into it
-  if (st.peers[im.rank] != st.ptr) {
-    throw Error(ErrorCode::kNccl, "NCCL window: the peer table's own entry differs from the "
-                                  "local allocation");
-  }
   for (int r = 0; r < im.tp; ++r) {
     if (st.peers[r] == nullptr) {
       throw Error(ErrorCode::kNccl, "NCCL window: no load/store mapping of rank " + std::to_string(r));
     }
   }
-  buf->local_ = st.ptr;
+  // NCCL maps every rank of the LSA team, this one too, into one flat range: the own entry is
+  // another virtual address of the same memory. Every access goes through the table, so the
+  // kernels reach each slot through one address.
+  buf->local_ = st.peers[im.rank];
   buf->bytes_ = size;
   return buf;
 }

@@ -78,12 +78,12 @@ void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double*
   for (int64_t r = 0; r < p.m; ++r) {
     double sumsq = 0.0;
     for (int64_t j = 0; j < h; ++j) {
-      double acc = 0.0;
+      float acc = 0.0f;  // SPEC's FP32 collapse, exactly as the kernels compute it
       for (int t = 0; t < hc; ++t) {
-        acc += double(p.pre[r * hc + t]) * bf16_to_float(residual_out[(r * hc + t) * h + j]);
+        acc = std::fmaf(p.pre[r * hc + t], bf16_to_float(residual_out[(r * hc + t) * h + j]), acc);
       }
       c[j] = acc;
-      sumsq += acc * acc;
+      sumsq += c[j] * c[j];
     }
     const double rinv = 1.0 / std::sqrt(sumsq / double(h) + double(p.eps));
     for (int64_t j = 0; j < h; ++j) {

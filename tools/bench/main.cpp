@@ -238,8 +238,8 @@ int main(int argc, char** argv) {
       rc = 1;
     }
     std::ifstream f(path);
-    json part;
-    if (f && (f >> part) && part.is_array()) for (auto& row : part) rows.push_back(row);
+    const json part = json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (part.is_array()) for (const auto& row : part) rows.push_back(row);
     std::remove(path);
   }
   mhccl::bench::print_tables(rows);
