@@ -12,7 +12,7 @@
 
 namespace mhccl {
 
-constexpr int64_t kMaxHidden = 32768;  // a row on at most 8 CTAs of 512 threads, 8 BF16 each
+constexpr int64_t kMaxHidden = 32768;  // a row on at most 8 CTAs (one cluster), 8 BF16 a thread
 constexpr int kMaxTopK = 16;
 constexpr int kMaxTp = 8;
 

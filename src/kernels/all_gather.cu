@@ -26,8 +26,6 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   const Generation g = read_generation(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
-  reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap, p.tp, cap,
-                         g.prev_rows);
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
   for (int64_t i = first; i < p.packs; i += step) {
     const uint4 v = publishable<WordLanes>(ld_input(in + i));
@@ -53,6 +51,8 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
       out[r * p.packs + i] = v[k];
     }
   }
+  reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap, p.tp, cap,
+                         g.prev_rows);
   arrive_and_advance(p.state, static_cast<uint32_t>(p.packs));
 }
 

@@ -26,30 +26,35 @@ struct FinalizeSource {
 
 // x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
 // Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
-// recorded. All valid rows' packs are loaded before the first fma (top_k loads in flight).
+// recorded. The gemm2 packs of kGroup routes are loaded together before their fmas.
 __device__ __forceinline__ uint4 finalize_pack(const FinalizeSource& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
+  constexpr int kGroup = 4;
   float acc[8];
   unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
-  int32_t route[kMaxTopK];
-  uint4 g[kMaxTopK];
+  for (int k0 = 0; k0 < f.top_k; k0 += kGroup) {
+    int32_t route[kGroup];
+    float w[kGroup];
+    uint4 g[kGroup];
 #pragma unroll
-  for (int k = 0; k < kMaxTopK; ++k) {
-    route[k] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
-    if (route[k] >= 0 && route[k] < f.rows) {
-      g[k] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[k]) * np + pack);
+    for (int j = 0; j < kGroup; ++j) {
+      const int k = k0 + j;
+      route[j] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
+      w[j] = k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
+      if (route[j] >= 0 && route[j] < f.rows) {
+        g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
+      }
     }
-  }
 #pragma unroll
-  for (int k = 0; k < kMaxTopK; ++k) {
-    if (route[k] >= 0 && route[k] < f.rows) {
-      const float w = __ldg(f.weights + row * f.top_k + k);
-      float v[8];
-      unpack_bf16(g[k], v);
+    for (int j = 0; j < kGroup; ++j) {
+      if (route[j] >= 0 && route[j] < f.rows) {
+        float v[8];
+        unpack_bf16(g[j], v);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w, v[e], acc[e]);
-    } else if (report && route[k] != -1 && k < f.top_k) {
-      record_error(err, kBadRoute, 0, -1, 0, row, route[k]);
+        for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w[j], v[e], acc[e]);
+      } else if (report && route[j] != -1 && k0 + j < f.top_k) {
+        record_error(err, kBadRoute, 0, -1, 0, row, route[j]);
+      }
     }
   }
   return pack_bf16(acc);
@@ -134,10 +139,17 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
                                  ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
   const uint4* mailbox = static_cast<const uint4*>(p.mailbox);
-  reset_slots<Bf16Lanes>(const_cast<uint4*>(mailbox) + g.previous * p.tp * slot_packs, p.tp,
-                         slot_packs, owned_prev * np);
   const int64_t row = rp.row * p.tp + p.rank;
-  if (!rp.active || row >= p.m) return;
+  // The previous call's contributions are reset after this call's sums are out (off the
+  // critical path; peers store into them again only two calls later).
+  auto reset_previous = [&] {
+    reset_slots<Bf16Lanes>(const_cast<uint4*>(mailbox) + g.previous * p.tp * slot_packs, p.tp,
+                           slot_packs, owned_prev * np);
+  };
+  if (!rp.active || row >= p.m) {
+    reset_previous();
+    return;
+  }
   const uint4* slot = mailbox + (g.current * p.tp * p.owner_rows + rp.row) * np + rp.pack;
   uint4 v[kMaxTp];
 #pragma unroll
@@ -159,10 +171,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   for (int i = 0; i < kMaxTp; ++i) {
     if (i < p.tp) st_volatile(static_cast<uint4*>(p.reduced[i]) + off, y);
   }
+  reset_previous();
 }
 
 template <int HC, ConsumerInput IN, ConsumerVariant V>
-__global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const ConsumerParams p) {
+__global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(const ConsumerParams p) {
   __shared__ float warp_sums[kMaxThreadsPerCta / 32];
   __shared__ float cluster_slot, cluster_total;
   const RowPack rp = row_pack(p.tiling, p.np);
@@ -171,23 +184,34 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const C
   pdl_wait();  // everything below reads the predecessors' outputs or the protocol state
   pdl_launch_dependents();
 
-  Generation g{0, 0, 0};
-  if constexpr (IN == ConsumerInput::kPoll) {
-    g = read_generation(p.state);
-    const int64_t slot_packs = p.slot_rows * np;
-    reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
-                               g.previous * p.nslots * slot_packs,
-                           p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
+  // Loads that depend on no protocol state go out first: this row's mixes (into shared memory:
+  // every thread of the row needs all of them), residual streams, norm weight.
+  constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
+  __shared__ float mixes[kMixes];
+  for (int i = threadIdx.x; i < kMixes; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < HC) v = __ldg(p.post + row * HC + i);
+    else if (i < HC + HC * HC) v = __ldg(p.comb + row * HC * HC + (i - HC));
+    else if (V != ConsumerVariant::kResidualOnly) v = __ldg(p.pre + row * HC + (i - HC - HC * HC));
+    mixes[i] = v;
   }
-
-  // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   uint4 res[HC];
-  float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  uint4 norm = make_uint4(0, 0, 0, 0);
   if (rp.active) {
 #pragma unroll
     for (int s = 0; s < HC; ++s) {
       res[s] = ld_input(static_cast<const uint4*>(p.residual) + (row * HC + s) * np + pack);
     }
+    if constexpr (V != ConsumerVariant::kResidualOnly) {
+      norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
+    }
+  }
+  Generation g{0, 0, 0};
+  if constexpr (IN == ConsumerInput::kPoll) g = read_generation(p.state);
+
+  // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
+  float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (rp.active) {
     if constexpr (IN == ConsumerInput::kPoll) {
       const int64_t slot_packs = p.slot_rows * np;
       const uint4* slot = static_cast<const uint4*>(p.in) +
@@ -223,19 +247,21 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const C
   }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
+  __syncthreads();  // the mixes are in shared memory
   float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (rp.active) {
-    const float* post = p.post + row * HC;
-    const float* comb = p.comb + row * HC * HC;
+    const float* post = mixes;
+    const float* comb = mixes + HC;
+    const float* pre = mixes + HC + HC * HC;
 #pragma unroll
     for (int t = 0; t < HC; ++t) {
-      const float post_t = __ldg(post + t);
+      const float post_t = post[t];
       float o[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(post_t, y[e]);
 #pragma unroll
       for (int s = 0; s < HC; ++s) {
-        const float w = __ldg(comb + s * HC + t);
+        const float w = comb[s * HC + t];
         float r[8];
         unpack_bf16(res[s], r);
 #pragma unroll
@@ -244,7 +270,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const C
       const uint4 ob = pack_bf16(o);
       static_cast<uint4*>(p.residual_out)[(row * HC + t) * np + pack] = ob;
       if constexpr (V != ConsumerVariant::kResidualOnly) {
-        const float pre_t = __ldg(p.pre + row * HC + t);
+        const float pre_t = pre[t];
         unpack_bf16(ob, o);
 #pragma unroll
         for (int e = 0; e < 8; ++e) c[e] = __fmaf_rn(pre_t, o[e], c[e]);
@@ -265,7 +291,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const C
     uint4 out = make_uint4(0, 0, 0, 0);
     if (rp.active) {
       float w[8];
-      unpack_bf16(ld_input(static_cast<const uint4*>(p.norm_weight) + pack), w);
+      unpack_bf16(norm, w);
       float o[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(__fmul_rn(c[e], rinv), w[e]);
@@ -292,25 +318,36 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) mhc_consumer_kernel(const C
           hi |= static_cast<uint32_t>(mxfp8_encode(o[e + 4], scale)) << (8 * e);
         }
         reinterpret_cast<uint2*>(p.mxfp8_values)[row * np + pack] = make_uint2(lo, hi);
-        if ((pack & 3) == 0) p.mxfp8_scales[mxfp8_scale_offset(row, pack / 4, blocks)] = scale;
-      }
-      // Padding of the swizzled scales is 0: blocks [S, 4*ceil(S/4)) of this row, and all
-      // blocks of rows [M, 128*ceil(M/128)), spread over the rows' first CTAs.
-      if (rp.part == 0) {
-        const int64_t padded_blocks = (blocks + 3) / 4 * 4;
-        for (int64_t k = blocks + threadIdx.x; k < padded_blocks; k += blockDim.x) {
-          p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = 0;
-        }
-        const int64_t padded_rows = (p.m + 127) / 128 * 128;
-        for (int64_t r = p.m + row; r < padded_rows; r += p.m) {
-          for (int64_t k = threadIdx.x; k < padded_blocks; k += blockDim.x) {
-            p.mxfp8_scales[mxfp8_scale_offset(r, k, blocks)] = 0;
+        if ((pack & 3) == 0) {
+          const int k = pack / 4;
+          p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = scale;
+          if (k == blocks - 1) {  // the row's padding blocks [S, 4 * ceil(S / 4)) are 0
+            for (int64_t kp = blocks; kp % 4 != 0; ++kp) p.mxfp8_scales[mxfp8_scale_offset(row, kp, blocks)] = 0;
           }
         }
+      }
+      // Rows [M, 128 * ceil(M / 128)) of the last row tile are padding: zeroed 4 bytes (one row,
+      // 4 blocks) at a time, spread over the whole grid.
+      const int64_t pad_rows = (p.m + 127) / 128 * 128 - p.m;
+      const int words_per_row = static_cast<int>((blocks + 3) / 4);
+      const int64_t total = pad_rows * words_per_row;
+      for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+           i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = p.m + i / words_per_row;
+        const int64_t kg = i % words_per_row;
+        *reinterpret_cast<uint32_t*>(p.mxfp8_scales + mxfp8_scale_offset(r, kg * 4, blocks)) = 0u;
       }
     }
   }
 
+  if constexpr (IN == ConsumerInput::kPoll) {
+    // The previous call's slots, reset once this call's outputs are out (peers store into them
+    // again only two calls later: docs/PROTOCOL.md).
+    const int64_t slot_packs = p.slot_rows * np;
+    reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
+                               g.previous * p.nslots * slot_packs,
+                           p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
+  }
   if constexpr (IN == ConsumerInput::kPoll) arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
 }
 
@@ -377,9 +414,10 @@ cudaError_t launch_rows(void (*kernel)(Params), const Params& params, const RowT
 
 }  // namespace
 
-RowTiling row_tiling(int np, int64_t m, int ctas_per_row) {
+RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row) {
   (void)m;
-  const int least = (np + kMaxThreadsPerCta - 1) / kMaxThreadsPerCta;
+  const int max_threads = max_threads_per_cta(hc);
+  const int least = (np + max_threads - 1) / max_threads;
   int ctas = ctas_per_row > 0 ? ctas_per_row : least;
   if (ctas < least) ctas = least;
   if (ctas > kMaxCtasPerRow) ctas = kMaxCtasPerRow;

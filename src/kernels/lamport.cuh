@@ -157,18 +157,16 @@ __device__ __forceinline__ void arrive_and_advance(LamportState* s, uint32_t row
   }
 }
 
-// Resets `count` packs at `base` (+ i * stride_packs for rows of one slot) to the sentinel,
-// spread over the whole grid.
+// Resets packs [0, packs_per_slot) of `nslots` slots (slot i at base + i * slot_stride_packs)
+// to the sentinel, spread over the whole grid.
 template <class Lanes>
 __device__ __forceinline__ void reset_slots(void* base, int nslots, int64_t slot_stride_packs,
                                             int64_t packs_per_slot) {
-  const int64_t total = static_cast<int64_t>(nslots) * packs_per_slot;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += step) {
-    const int64_t slot = i / packs_per_slot;
-    const int64_t off = slot * slot_stride_packs + (i - slot * packs_per_slot);
-    st_volatile(static_cast<uint4*>(base) + off, Lanes::sentinel());
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int s = 0; s < nslots; ++s) {
+    uint4* slot = static_cast<uint4*>(base) + s * slot_stride_packs;
+    for (int64_t i = first; i < packs_per_slot; i += step) st_volatile(slot + i, Lanes::sentinel());
   }
 }
 

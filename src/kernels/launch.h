@@ -7,9 +7,9 @@
 
 namespace mhccl::kernels {
 
-// The tiling of rows of np packs for an epilogue over hc streams (rank-invariant). With
-// ctas_per_row == 0 the default for (np, m); otherwise at least the minimum that fits.
-RowTiling row_tiling(int np, int64_t m, int ctas_per_row = 0);
+// The tiling of rows of np packs for an epilogue over hc streams (rank-invariant: a function of
+// its arguments only). ctas_per_row == 0: the least that fits; otherwise at least that.
+RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row = 0);
 
 cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl);
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);

@@ -10,7 +10,9 @@ constexpr int kMaxTp = 8;
 constexpr int kMaxTopK = 16;
 constexpr uint32_t kBf16SentinelPair = 0x80008000u;  // two BF16 -0.0: an empty mailbox word
 constexpr uint32_t kWordSentinel = 0x80000000u;      // an empty all-gather mailbox word
-constexpr int kMaxThreadsPerCta = 512;  // 128 registers a thread for the hc = 8 epilogue
+constexpr int kMaxThreadsPerCta = 640;  // a 5120-wide row on one CTA; 96 registers a thread
+// The epilogue over hc = 8 streams needs more registers: at most 512 threads (128 registers).
+constexpr int max_threads_per_cta(int hc) { return hc == 8 ? 512 : kMaxThreadsPerCta; }
 constexpr int kMaxCtasPerRow = 8;  // portable cluster size
 
 // What a kernel's bounded wait or a finalize route check records, in host-mapped memory. The

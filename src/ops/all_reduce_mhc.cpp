@@ -134,7 +134,7 @@ struct AllReduceMHC::Impl {
     cp.mxfp8_scales = static_cast<uint8_t*>(mutable_data_of(e.mxfp8_scales));
     cp.m = m;
     cp.np = np;
-    cp.tiling = kernels::row_tiling(np, m, ctas_per_row);
+    cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row);
     cp.err = c.sink(op);
     cp.tp = c.tp;
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly

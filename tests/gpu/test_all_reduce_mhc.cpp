@@ -157,7 +157,7 @@ TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   MHCCL_REQUIRE_TP(tp());
   AllReduceMHC op(comm(), config(5120, 4, 128, 65));
   struct Slot { int64_t m; bool fin; Variant v; };
-  const Slot slots[3] = {{5, false, Variant::kPlain}, {64, true, Variant::kMxfp8}, {100, false, Variant::kResidualOnly}};
+  const Slot slots[3] = {{3, false, Variant::kPlain}, {16, true, Variant::kMxfp8}, {70, false, Variant::kResidualOnly}};
   std::vector<std::unique_ptr<CallBuffers>> bufs;
   std::vector<Problem> probs;
   for (const Slot& s : slots) {

@@ -43,7 +43,6 @@ __global__ void floor_poll(const FloorParams p) {
   const Generation g = read_generation(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t slot = p.capacity * p.np;
-  reset_slots<Bf16Lanes>(local + int64_t(g.previous) * p.tp * slot, p.tp, slot, int64_t(g.prev_rows) * p.np);
   if (rp.active) {
     const uint4* base = local + (int64_t(g.current) * p.tp * p.capacity + rp.row) * p.np + rp.pack;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -56,6 +55,7 @@ __global__ void floor_poll(const FloorParams p) {
     }
     p.y[rp.row * p.np + rp.pack] = pack_bf16(acc);
   }
+  reset_slots<Bf16Lanes>(local + int64_t(g.previous) * p.tp * slot, p.tp, slot, int64_t(g.prev_rows) * p.np);
   arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
 }
 
@@ -110,7 +110,7 @@ void LamportFloor::run(const void* x, void* y, int64_t m, cudaStream_t stream) {
   p.m = m;
   p.capacity = capacity_;
   p.np = static_cast<int>(hidden_ / 8);
-  p.tiling = row_tiling(p.np, m);
+  p.tiling = row_tiling(p.np, m, 1);
   p.state = static_cast<LamportState*>(state_);
   // Waits of the floor report nowhere: a stand-in sink whose budget is generous.
   static uint32_t* words = nullptr;

@@ -47,7 +47,7 @@ struct Ctx {
   int device = 0, tp = 1, rank = 0;
   cudaStream_t stream = nullptr;
   std::unique_ptr<Communicator> comm;
-  DeviceBuffer scratch{64};
+  DeviceBuffer scratch;  // allocated once the rank's device is current
   std::vector<json> rows;
   int failures = 0;
   std::map<std::string, bool> correct;  // op -> every check passed
@@ -240,8 +240,9 @@ struct InputSets {
   CallBuffers& operator[](int i) { return *sets[i % sets.size()]; }
 };
 
-// A Problem that carries only shapes (the inputs are already on the device).
-Problem shape_only(int64_t m, int tp, bool fin) {
+// A Problem that carries only shapes (the inputs are already on the device, routes into the
+// gemm2 rows of a set of `capacity` rows).
+Problem shape_only(int64_t m, int tp, bool fin, int64_t capacity) {
   Problem p;
   p.m = m;
   p.h = kH;
@@ -249,7 +250,7 @@ Problem shape_only(int64_t m, int tp, bool fin) {
   p.tp = tp;
   p.top_k = kTopK;
   p.finalize = fin;
-  p.gemm2_rows = m * kTopK;
+  p.gemm2_rows = capacity * kTopK;
   return p;
 }
 
@@ -330,7 +331,7 @@ void time_all_reduce(Ctx& c) {
     }
     for (bool fin : {false, true}) {
       for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
-        const Problem p = shape_only(m, c.tp, fin);
+        const Problem p = shape_only(m, c.tp, fin, cap);
         const double ours = c.time_calls([&](int i) {
           testing::launch(op, p, v, Protocol::kAuto, sets[i], c.device, c.stream);
         });
@@ -385,7 +386,7 @@ void time_two_shot(Ctx& c) {
   for (int64_t m : ms) {
     const double floor_us = c.time_calls([&](int i) { floor.run(sets[i].x, sets[i].layer, m, c.stream); });
     for (bool fin : {false, true}) {
-      const Problem p = shape_only(m, c.tp, fin);
+      const Problem p = shape_only(m, c.tp, fin, cap);
       double t[3];
       const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
       for (int k = 0; k < 3; ++k) {
@@ -424,6 +425,7 @@ int run_worker(const Options& opts) {
   c.device = c.ranks.local_rank % count;
   MHCCL_TEST_CUDA(cudaSetDevice(c.device));
   MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  c.scratch = DeviceBuffer(64);
   c.comm = std::make_unique<Communicator>(share_unique_id(c.ranks), c.ranks.rank, c.ranks.world_size, c.device);
   c.tp = c.comm->tp();
   c.rank = c.comm->rank();

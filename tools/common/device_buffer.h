@@ -34,10 +34,13 @@ class DeviceBuffer {
   template <class T> T* as() const { return static_cast<T*>(ptr_); }
   size_t bytes() const { return bytes_; }
 
+  // Synchronous with every stream: cudaMemcpy/cudaMemset run on the legacy stream, which
+  // non-blocking streams do not wait for.
   template <class T> void upload(const std::vector<T>& v, size_t offset_bytes = 0) {
     if (v.empty()) return;
     MHCCL_TEST_CUDA(cudaMemcpy(static_cast<char*>(ptr_) + offset_bytes, v.data(), v.size() * sizeof(T),
                                cudaMemcpyHostToDevice));
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
   }
   template <class T> std::vector<T> download(size_t count, size_t offset_bytes = 0) const {
     std::vector<T> v(count);
@@ -47,7 +50,10 @@ class DeviceBuffer {
     }
     return v;
   }
-  void poison(uint8_t byte = 0xA5) { MHCCL_TEST_CUDA(cudaMemset(ptr_, byte, bytes_)); }
+  void poison(uint8_t byte = 0xA5) {
+    MHCCL_TEST_CUDA(cudaMemset(ptr_, byte, bytes_));
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  }
 
  private:
   void* ptr_ = nullptr;

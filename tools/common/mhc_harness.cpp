@@ -75,6 +75,7 @@ void upload(const Problem& p, int rank, CallBuffers& b) {
   put(b.comb, p.comb.data(), p.comb.size() * 4);
   put(b.pre, p.pre.data(), p.pre.size() * 4);
   put(b.norm, p.norm_weight.data(), p.norm_weight.size() * 2);
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());  // the legacy stream's copies, before any other stream
 }
 
 void launch(AllReduceMHC& op, const Problem& p, Variant v, Protocol protocol,
