@@ -31,6 +31,13 @@ if [[ " $stages " == *" tests "* ]]; then
   echo "gpu tests rc=$?"
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran)" "$OUT/gpu.log" | head -60
 fi
+if [[ " $stages " == *" profile "* ]]; then
+  stamp "ncu: the TP=1 consumer at M=1"
+  timeout 240 ncu --clock-control none -k regex:mhc_consumer_kernel --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section SourceCounters \
+    "$B/tests/gpu/mhccl_gpu_tests" --gtest_filter='Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1' > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "Duration|Warp Cycles Per Issued|Stall|Registers Per|Block Size|Achieved Occ" "$OUT/ncu.txt" | head -30
+fi
 if [[ " $stages " == *" bench "* ]]; then
   stamp "mhccl-bench ${BENCH_ARGS:-}"
   timeout 400 "$B/tools/bench/mhccl-bench" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

@@ -42,6 +42,11 @@ struct AllReduceMHCConfig {
   // Programmatic dependent launch: kernels may start while their predecessor runs and wait
   // (griddepcontrol.wait) before reading anything it writes.
   bool enable_pdl = true;
+  // One-shot calls of at most this many rows run as a single launch (the consumer publishes
+  // its own row first, then polls) instead of publish + consumer: the same protocol and bits,
+  // one launch less. -1: every M whose grid is co-resident by construction (96 CTAs: M <= 96
+  // at H <= 5120); 0: always two launches.
+  int64_t single_launch_max_rows = -1;
 };
 
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).

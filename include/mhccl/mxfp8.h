@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include <cuda_fp8.h>
+
 #include "mhccl/bf16.h"
 
 namespace mhccl {
@@ -112,6 +114,20 @@ MHCCL_HD float e4m3_decode(uint8_t b) {
 MHCCL_HD uint8_t mxfp8_encode(float v, uint8_t scale) {
   if (scale == kUE8M0NaN) return 0x7F;
   return e4m3_encode(v * ue8m0_inverse(scale));
+}
+
+// Two elements, a | b << 8. On sm_89+ devices one hardware conversion
+// (cvt.rn.satfinite.e4m3x2.f32, the toolkit's __nv_cvt_float2_to_fp8x2), which rounds and
+// saturates as e4m3_encode does; the GPU tests hold every kernel's bytes to mxfp8_encode.
+MHCCL_HD uint16_t mxfp8_encode2(float a, float b, uint8_t scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (scale == kUE8M0NaN) return 0x7F7F;
+  const float inv = ue8m0_inverse(scale);
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(a * inv, b * inv), __NV_SATFINITE, __NV_E4M3));
+#else
+  return static_cast<uint16_t>(mxfp8_encode(a, scale) | (mxfp8_encode(b, scale) << 8));
+#endif
 }
 
 }  // namespace mhccl

@@ -88,6 +88,30 @@ __device__ __forceinline__ float cluster_row_sum(float cta_total, float* slot, f
   return *total_slot;
 }
 
+// Rows [M, 128 * ceil(M / 128)) of the last 128-row tile of the swizzled scales are padding (0).
+// A 16-byte chunk at (q, k-group) of a tile holds rows q, q+32, q+64, q+96 (4 blocks each): a
+// chunk of padding rows only is zeroed with one coalesced store, a mixed one word by word. The
+// chunks are spread over the whole grid.
+__device__ __forceinline__ void zero_scale_padding_rows(uint8_t* scales, int64_t m, int64_t blocks) {
+  const int valid = static_cast<int>(m % 128);  // rows of the last tile that hold scales
+  if (valid == 0) return;
+  const int64_t k_tiles = (blocks + 3) / 4;
+  uint8_t* tile = scales + (m / 128) * k_tiles * 512;
+  const int64_t chunks = k_tiles * 32;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int q = static_cast<int>(i % 32);
+    uint8_t* chunk = tile + (i / 32) * 512 + q * 16;
+    if (q >= valid) {
+      *reinterpret_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int j = 1; j < 4; ++j) {
+        if (q + 32 * j >= valid) *reinterpret_cast<uint32_t*>(chunk + 4 * j) = 0u;
+      }
+    }
+  }
+}
+
 // --- Kernels --------------------------------------------------------------------------------
 template <bool kFinalize>
 __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const PublishParams p) {
@@ -207,7 +231,25 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
   }
   Generation g{0, 0, 0};
-  if constexpr (IN == ConsumerInput::kPoll) g = read_generation(p.state);
+  if constexpr (IN == ConsumerInput::kPoll) {
+    g = read_generation(p.state);
+    if (p.publish_first && rp.active) {  // single-launch one-shot: this rank's row goes out first
+      uint4 v;
+      if (p.x != nullptr) {
+        v = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
+      } else {
+        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
+        v = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
+      }
+      v = publishable<Bf16Lanes>(v);
+      const int64_t off =
+          ((static_cast<int64_t>(g.current) * p.tp + p.rank) * p.slot_rows + row) * np + pack;
+#pragma unroll
+      for (int i = 0; i < kMaxTp; ++i) {
+        if (i < p.tp) st_volatile(static_cast<uint4*>(p.targets[i]) + off, v);
+      }
+    }
+  }
 
   // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -311,12 +353,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       if (rp.active) {
         float o[8];
         unpack_bf16(out, o);
-        uint32_t lo = 0, hi = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          lo |= static_cast<uint32_t>(mxfp8_encode(o[e], scale)) << (8 * e);
-          hi |= static_cast<uint32_t>(mxfp8_encode(o[e + 4], scale)) << (8 * e);
-        }
+        const uint32_t lo = mxfp8_encode2(o[0], o[1], scale) | (uint32_t(mxfp8_encode2(o[2], o[3], scale)) << 16);
+        const uint32_t hi = mxfp8_encode2(o[4], o[5], scale) | (uint32_t(mxfp8_encode2(o[6], o[7], scale)) << 16);
         reinterpret_cast<uint2*>(p.mxfp8_values)[row * np + pack] = make_uint2(lo, hi);
         if ((pack & 3) == 0) {
           const int k = pack / 4;
@@ -326,17 +364,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
           }
         }
       }
-      // Rows [M, 128 * ceil(M / 128)) of the last row tile are padding: zeroed 4 bytes (one row,
-      // 4 blocks) at a time, spread over the whole grid.
-      const int64_t pad_rows = (p.m + 127) / 128 * 128 - p.m;
-      const int words_per_row = static_cast<int>((blocks + 3) / 4);
-      const int64_t total = pad_rows * words_per_row;
-      for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-           i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t r = p.m + i / words_per_row;
-        const int64_t kg = i % words_per_row;
-        *reinterpret_cast<uint32_t*>(p.mxfp8_scales + mxfp8_scale_offset(r, kg * 4, blocks)) = 0u;
-      }
+      zero_scale_padding_rows(p.mxfp8_scales, p.m, blocks);
     }
   }
 

@@ -101,8 +101,19 @@ enum class ConsumerInput : int {
 };
 enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
 
+// One-shot in a single launch: the consumer first publishes its own row (x, or the finalize
+// reduction) into every rank's slot, then polls. A CTA waits only for the peers' CTAs of the
+// same row, which publish before they wait, so this is deadlock-free while every CTA of the
+// grid can be resident at once: at most kMaxSingleLaunchCtas CTAs (1 per SM at 640 threads;
+// below the 114 SMs of the smallest sm_90 part, and rank-invariant).
+constexpr int kMaxSingleLaunchCtas = 96;
+
 struct ConsumerParams {
   const void* in;  // kPoll: local mailbox; kDirect: rows
+  bool publish_first;       // kPoll one-shot: publish this row first (single launch)
+  const void* x;            // what to publish: x, or (nullptr) the finalize inputs below
+  void* targets[kMaxTp];    // as PublishParams::targets (kAllRanks)
+  int rank;
   int nslots;
   int64_t slot_rows;
   LamportState* state;  // kPoll only

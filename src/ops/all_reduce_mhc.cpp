@@ -177,7 +177,24 @@ struct AllReduceMHC::Impl {
       for (int i = 0; i < c.tp; ++i) pp.targets[i] = ll_mailbox->peer((c.rank + 1 + i) % c.tp);
       pp.slot_rows = ll_rows;
       pp.state = &states[0];
-      MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+      const int64_t ctas = m * cp.tiling.ctas_per_row;
+      const bool single = cfg.single_launch_max_rows < 0
+                              ? ctas <= kernels::kMaxSingleLaunchCtas
+                              : m <= cfg.single_launch_max_rows && ctas <= kernels::kMaxSingleLaunchCtas;
+      if (single) {
+        cp.publish_first = true;
+        cp.x = pp.x;
+        for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
+        cp.rank = c.rank;
+        cp.gemm2 = pp.gemm2;
+        cp.gemm2_rows = pp.gemm2_rows;
+        cp.weights = pp.weights;
+        cp.routes = pp.routes;
+        cp.shared = pp.shared;
+        cp.top_k = pp.top_k;
+      } else {
+        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+      }
       cp.in = ll_mailbox->local();
       cp.nslots = c.tp;
       cp.slot_rows = ll_rows;

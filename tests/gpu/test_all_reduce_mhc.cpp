@@ -153,6 +153,22 @@ TEST_P(AllReduceMHCTest, PdlOnOffBitwiseEqual) {
   comm().check_errors();
 }
 
+TEST_P(AllReduceMHCTest, SingleLaunchEqualsTwoLaunches) {
+  MHCCL_REQUIRE_TP(tp());
+  AllReduceMHCConfig one = config(5120, 4, 128, 129), two = one;
+  two.single_launch_max_rows = 0;
+  AllReduceMHC a(comm(), one), c(comm(), two);
+  CallBuffers b(128, 5120, 4, 6);
+  for (int64_t m : {1, 7, 96, 97, 128}) {
+    for (bool fin : {false, true}) {
+      const Problem p = testing::make_problem(800 + m + fin, m, 5120, 4, tp(), fin);
+      EXPECT_EQ(run(a, b, p, Variant::kMxfp8, Protocol::kAuto, "single launch").hash(),
+                run(c, b, p, Variant::kMxfp8, Protocol::kAuto, "two launches").hash()) << "M=" << m;
+    }
+  }
+  comm().check_errors();
+}
+
 TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   MHCCL_REQUIRE_TP(tp());
   AllReduceMHC op(comm(), config(5120, 4, 128, 65));

@@ -1,5 +1,6 @@
 // Bench-only baselines: the Lamport floor (a plain one-shot publish + poll of the same rows with
-// no epilogue: the least an all-reduce of these rows costs over this protocol), and the two
+// no epilogue, in one launch where the grid is co-resident as the library's small-M path: the
+// least an all-reduce of these rows costs over this protocol), and the two
 // bandwidth ceilings (HBM copy, NVLink stores to a peer) the floors of large M are made of.
 #pragma once
 

@@ -318,7 +318,13 @@ void time_all_reduce(Ctx& c) {
   cfg.residual_only = true;
   AllReduceMHC op(*c.comm, cfg);
   std::unique_ptr<LamportFloor> floor;
-  if (c.tp > 1 && c.comm->peers_reachable()) floor = std::make_unique<LamportFloor>(*c.comm, cap, kH);
+  std::unique_ptr<AllReduceMHC> two_launch_op;  // the same one-shot as publish + consumer launches
+  if (c.tp > 1 && c.comm->peers_reachable()) {
+    floor = std::make_unique<LamportFloor>(*c.comm, cap, kH);
+    AllReduceMHCConfig two = cfg;
+    two.single_launch_max_rows = 0;
+    two_launch_op = std::make_unique<AllReduceMHC>(*c.comm, two);
+  }
   InputSets sets(4, cap, c.stream);
   c.say("  all-reduce: H=%lld hc=%d, M up to %lld; mailboxes %.1f MiB/rank (capacity %lld rows)\n",
         (long long)kH, kHc, (long long)cap, op.mailbox_bytes() / 1048576.0, (long long)cap);
@@ -335,11 +341,16 @@ void time_all_reduce(Ctx& c) {
         const double ours = c.time_calls([&](int i) {
           testing::launch(op, p, v, Protocol::kAuto, sets[i], c.device, c.stream);
         });
-        double nccl = -1;
+        double nccl = -1, two_launch = -1;
         if (c.tp > 1) {
           nccl = c.time_calls([&](int i) {
             testing::launch(op, p, v, Protocol::kNccl, sets[i], c.device, c.stream);
           });
+          if (two_launch_op && !fin && v == Variant::kPlain) {
+            two_launch = c.time_calls([&](int i) {
+              testing::launch(*two_launch_op, p, v, Protocol::kAuto, sets[i], c.device, c.stream);
+            });
+          }
         }
         const double epi_us = epilogue_bytes(m, v) / (c.copy_gbps * 1e9) * 1e6;
         const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
@@ -348,13 +359,15 @@ void time_all_reduce(Ctx& c) {
         r["baseline"] = c.tp > 1 ? "nccl_allreduce+consumer" : "none";
         r["baseline_us"] = c.tp > 1 ? json(nccl) : json(nullptr);
         r["floor_us"] = floor_us >= 0 ? json(floor_us) : json(nullptr);
+        if (two_launch >= 0) r["two_launch_us"] = two_launch;
         r["epilogue_hbm_us"] = epi_us;
         r["epilogue_bytes"] = epilogue_bytes(m, v);
         if (c.tp == 1) r["hbm_gbps"] = epilogue_bytes(m, v) / (ours * 1e-6) / 1e9;
         c.rows.push_back(r);
         if (c.tp > 1) {
-          c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  nccl+consumer %7.2f us (%.2fx)  floor %6.2f (+epi %.2f)\n",
-                opn.c_str(), variant_key(v), (long long)m, ours, nccl, nccl / ours, floor_us, epi_us);
+          c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  nccl+consumer %7.2f us (%.2fx)  floor %6.2f (+epi %.2f)%s\n",
+                opn.c_str(), variant_key(v), (long long)m, ours, nccl, nccl / ours, floor_us, epi_us,
+                two_launch >= 0 ? ("  two launches " + std::to_string(two_launch)).c_str() : "");
         } else {
           c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  %7.0f GB/s (%.0f%% of copy)\n", opn.c_str(),
                 variant_key(v), (long long)m, ours, epilogue_bytes(m, v) / (ours * 1e-6) / 1e9,
