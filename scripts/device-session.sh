@@ -45,4 +45,13 @@ if [[ " $stages " == *" bench "* ]]; then
   grep -E "FAIL|failed|error" "$OUT/bench.log" | head -20
   sed -n '/^LamportAllGather, TP/,$p' "$OUT/bench.log" | head -150
 fi
+if [[ " $stages " == *" sweep "* ]]; then
+  # Tiling experiment: CTAs per row forced for every M (MHCCL_CTAS_PER_ROW), all-reduce only.
+  for cl in ${SWEEP_CTAS:-1 2 4 5}; do
+    stamp "sweep: MHCCL_CTAS_PER_ROW=$cl"
+    MHCCL_CTAS_PER_ROW=$cl timeout 120 "$B/tools/bench/mhccl-bench" --tp 2 1 --ops allreduce --quick --no-check \
+      --json "$OUT/sweep-cl$cl.json" > "$OUT/sweep-cl$cl.log" 2>&1
+    grep -E "^  (call|finalize) +(plain|mxfp8) " "$OUT/sweep-cl$cl.log" | awk -v cl=$cl '{print "cl=" cl, $0}' | head -40
+  done
+fi
 stamp "done"

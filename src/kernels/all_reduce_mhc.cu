@@ -3,6 +3,8 @@
 // + RMSNorm + MXFP8). One thread owns one 16-byte pack (8 BF16) of a row; a row spans
 // tiling.ctas_per_row CTAs (a thread-block cluster whose CTAs add their RMS partial sums
 // through distributed shared memory).
+#include <algorithm>
+
 #include <cooperative_groups.h>
 
 #include "kernels/launch.h"
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
 // rows on every rank (rank-invariant); ranks owning fewer rows leave the last group idle.
 __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
-  pdl_wait();
+  if (p.wait_predecessor) pdl_wait();
   pdl_launch_dependents();
   const Generation g = read_generation(p.state);
   const int64_t np = p.np;
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   const RowPack rp = row_pack(p.tiling, p.np);
   const int64_t np = p.np, row = rp.row;
   const int pack = rp.pack;
-  pdl_wait();  // everything below reads the predecessors' outputs or the protocol state
+  if (p.wait_predecessor) pdl_wait();  // below: the predecessors' outputs, the protocol state
   pdl_launch_dependents();
 
   // Loads that depend on no protocol state go out first: this row's mixes (into shared memory:
@@ -443,12 +445,20 @@ cudaError_t launch_rows(void (*kernel)(Params), const Params& params, const RowT
 }  // namespace
 
 RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row) {
-  (void)m;
   const int max_threads = max_threads_per_cta(hc);
   const int least = (np + max_threads - 1) / max_threads;
-  int ctas = ctas_per_row > 0 ? ctas_per_row : least;
-  if (ctas < least) ctas = least;
-  if (ctas > kMaxCtasPerRow) ctas = kMaxCtasPerRow;
+  int ctas = least;
+  if (ctas_per_row > 0) {
+    ctas = std::max(least, ctas_per_row);
+  } else if (m * least <= kMaxSingleLaunchCtas) {
+    // Small M: one row's epilogue is issue-bound on one SM; spread it over a cluster, within
+    // the single-launch grid.
+    ctas = std::max<int64_t>(least, std::min<int64_t>(kSmallMCtasPerRow, kMaxSingleLaunchCtas / m));
+  } else {
+    // Large M: two CTAs a row, so that an SM holds CTAs of two rows at different phases.
+    ctas = std::max(least, 2);
+  }
+  ctas = std::min(ctas, kMaxCtasPerRow);
   RowTiling t;
   t.ctas_per_row = ctas;
   t.packs_per_cta = ((np + ctas - 1) / ctas + 3) / 4 * 4;

@@ -141,19 +141,20 @@ __device__ __forceinline__ Generation read_generation(const LamportState* s) {
   return g;
 }
 
-// Called by every CTA of a call's last kernel once all its threads have read the state: the
-// last CTA to arrive advances the generation and records this call's rows.
+// Called by every CTA of a call's last kernel once all its threads have read and used the
+// state: the last CTA to arrive advances the generation and records this call's rows. No memory
+// fence: every thread consumed its state values before the barrier, the next call's kernels see
+// the new state through kernel completion, and a fence here would wait for this thread's
+// in-flight NVLink stores (a remote round trip on every call).
 __device__ __forceinline__ void arrive_and_advance(LamportState* s, uint32_t rows) {
   __syncthreads();
   if (threadIdx.x != 0) return;
-  __threadfence();
   const uint32_t total = gridDim.x * gridDim.y * gridDim.z;
   if (atomicAdd(&s->arrived, 1u) == total - 1) {
     s->arrived = 0;
     s->generation = (s->generation + 1) % kGenerations;
     s->prev_rows = rows;
     s->calls += 1;
-    __threadfence();
   }
 }
 

@@ -107,8 +107,15 @@ enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
 // grid can be resident at once: at most kMaxSingleLaunchCtas CTAs (1 per SM at 640 threads;
 // below the 114 SMs of the smallest sm_90 part, and rank-invariant).
 constexpr int kMaxSingleLaunchCtas = 96;
+// CTAs a row of a small-M call spreads over (a cluster), when the single-launch grid allows.
+constexpr int kSmallMCtasPerRow = 5;
 
 struct ConsumerParams {
+  // griddepcontrol.wait before reading anything: needed when this kernel is the call's first
+  // (or follows NCCL). After our own publish it is not: the publish passed its wait, so every
+  // input of the call is complete before this kernel can even start, and skipping the wait
+  // lets it poll and compute while the publish still stores (overlap at large M).
+  bool wait_predecessor;
   const void* in;  // kPoll: local mailbox; kDirect: rows
   bool publish_first;       // kPoll one-shot: publish this row first (single launch)
   const void* x;            // what to publish: x, or (nullptr) the finalize inputs below
@@ -144,6 +151,7 @@ struct ConsumerParams {
 };
 
 struct OwnerReduceParams {
+  bool wait_predecessor;        // as ConsumerParams::wait_predecessor
   const void* mailbox;          // local contributions [gen][source][owned row][np]
   void* reduced[kMaxTp];        // every rank's reduced rows [gen][C][np], rotated as PublishParams::targets
   int tp;

@@ -137,6 +137,7 @@ struct AllReduceMHC::Impl {
     cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row);
     cp.err = c.sink(op);
     cp.tp = c.tp;
+    cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                                                 : ConsumerVariant::kPlain;
@@ -194,6 +195,7 @@ struct AllReduceMHC::Impl {
         cp.top_k = pp.top_k;
       } else {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+        cp.wait_predecessor = false;
       }
       cp.in = ll_mailbox->local();
       cp.nslots = c.tp;
@@ -207,6 +209,7 @@ struct AllReduceMHC::Impl {
       pp.state = &states[1];
       MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
       kernels::OwnerReduceParams orp = {};
+      orp.wait_predecessor = false;  // the publish before it waited for the call's inputs
       orp.mailbox = bt_mailbox->local();
       for (int i = 0; i < c.tp; ++i) orp.reduced[i] = bt_reduced->peer((c.rank + 1 + i) % c.tp);
       orp.tp = c.tp;
@@ -219,6 +222,7 @@ struct AllReduceMHC::Impl {
       orp.state = &states[1];
       orp.err = cp.err;
       MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
+      cp.wait_predecessor = false;
       cp.in = bt_reduced->local();
       cp.nslots = 1;
       cp.slot_rows = cfg.max_num_tokens;
