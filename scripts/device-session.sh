@@ -43,7 +43,7 @@ if [[ " $stages " == *" bench "* ]]; then
   timeout 400 "$B/tools/bench/mhccl-bench" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?"
   grep -E "FAIL|failed|error" "$OUT/bench.log" | head -20
-  sed -n '/^LamportAllGather, TP/,$p' "$OUT/bench.log" | head -150
+  grep -E "^  (call|finalize) +plain +(1|8|64|128) |all checks|FAILED" "$OUT/bench.log" | head -30
 fi
 if [[ " $stages " == *" sweep "* ]]; then
   # Tiling experiment: CTAs per row forced for every M (MHCCL_CTAS_PER_ROW), all-reduce only.
@@ -51,7 +51,7 @@ if [[ " $stages " == *" sweep "* ]]; then
     stamp "sweep: MHCCL_CTAS_PER_ROW=$cl"
     MHCCL_CTAS_PER_ROW=$cl timeout 120 "$B/tools/bench/mhccl-bench" --tp 2 1 --ops allreduce --quick --no-check \
       --json "$OUT/sweep-cl$cl.json" > "$OUT/sweep-cl$cl.log" 2>&1
-    grep -E "^  (call|finalize) +(plain|mxfp8) " "$OUT/sweep-cl$cl.log" | awk -v cl=$cl '{print "cl=" cl, $0}' | head -40
+    grep -E "^  call +plain " "$OUT/sweep-cl$cl.log" | awk -v cl=$cl '{print "cl=" cl, $0}' | head -12
   done
 fi
 stamp "done"
