@@ -63,31 +63,35 @@ __device__ __forceinline__ uint4 finalize_pack(const FinalizeSource& f, int64_t 
 }
 
 // --- Reductions -----------------------------------------------------------------------------
-// Deterministic CTA sum: xor butterfly in each warp, then the warps' sums in warp order (every
-// thread adds them itself, so no second barrier). Called by every thread of the CTA.
+// Deterministic CTA sum: an xor butterfly in each warp, the warps' sums in shared memory, then
+// every warp adds those with the same butterfly (identical bits in every thread, a single
+// barrier). Called by every thread of the CTA; at most 32 warps.
 __device__ __forceinline__ float block_sum(float v, float* warp_sums) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = v;
   __syncthreads();
-  float t = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += warp_sums[w];
+  const unsigned lane = threadIdx.x & 31;
+  float t = lane < blockDim.x / 32 ? warp_sums[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
   return t;
 }
 
-// Sum over the CTAs of a row's cluster, in cluster-rank order (identical on every CTA).
-__device__ __forceinline__ float cluster_row_sum(float cta_total, float* slot, float* total_slot,
-                                                 int ctas) {
+// Sum over the CTAs of a row's cluster, in cluster-rank order (identical bits on every CTA).
+// Each CTA pushes its partial into every CTA's shared slots, then one cluster barrier; the
+// kernel arrived on the cluster barrier at its start, so the wait below (every CTA of the
+// cluster has started: its shared memory may be written) is free by now.
+__device__ __forceinline__ float cluster_row_sum(float cta_total, float* slots, int ctas) {
   cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = cta_total;
-  cluster.sync();
-  if (threadIdx.x == 0) {
-    float t = 0.0f;
-    for (int i = 0; i < ctas; ++i) t += *cluster.map_shared_rank(slot, i);
-    *total_slot = t;
+  cluster.barrier_wait();
+  if (static_cast<int>(threadIdx.x) < ctas) {
+    cluster.map_shared_rank(slots, static_cast<int>(threadIdx.x))[cluster.block_rank()] = cta_total;
   }
-  cluster.sync();  // remote reads done before any CTA exits; total_slot visible CTA-wide
-  return *total_slot;
+  cluster.sync();  // the partials are in; no CTA touches another's shared memory after this
+  float t = 0.0f;
+  for (int i = 0; i < ctas; ++i) t += slots[i];
+  return t;
 }
 
 // Rows [M, 128 * ceil(M / 128)) of the last 128-row tile of the swizzled scales are padding (0).
@@ -203,10 +207,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(const ConsumerParams p) {
   __shared__ float warp_sums[kMaxThreadsPerCta / 32];
-  __shared__ float cluster_slot, cluster_total;
+  __shared__ float cluster_slots[kMaxCtasPerRow];
   const RowPack rp = row_pack(p.tiling, p.np);
   const int64_t np = p.np, row = rp.row;
   const int pack = rp.pack;
+  if (V != ConsumerVariant::kResidualOnly && p.tiling.ctas_per_row > 1) {
+    cg::this_cluster().barrier_arrive();  // waited for in cluster_row_sum
+  }
   if (p.wait_predecessor) pdl_wait();  // below: the predecessors' outputs, the protocol state
   pdl_launch_dependents();
 
@@ -328,7 +335,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     for (int e = 0; e < 8; ++e) ss = __fmaf_rn(c[e], c[e], ss);
     float total = block_sum(ss, warp_sums);
     if (p.tiling.ctas_per_row > 1) {
-      total = cluster_row_sum(total, &cluster_slot, &cluster_total, p.tiling.ctas_per_row);
+      total = cluster_row_sum(total, cluster_slots, p.tiling.ctas_per_row);
     }
     const float h = static_cast<float>(np * 8);
     const float rinv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, h), p.eps));
@@ -454,10 +461,7 @@ RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row) {
     // Small M: one row's epilogue is issue-bound on one SM; spread it over a cluster, within
     // the single-launch grid.
     ctas = std::max<int64_t>(least, std::min<int64_t>(kSmallMCtasPerRow, kMaxSingleLaunchCtas / m));
-  } else {
-    // Large M: two CTAs a row, so that an SM holds CTAs of two rows at different phases.
-    ctas = std::max(least, 2);
-  }
+  }  // Large M: the least (measured best: more CTAs a row only add cluster barriers)
   ctas = std::min(ctas, kMaxCtasPerRow);
   RowTiling t;
   t.ctas_per_row = ctas;

@@ -29,13 +29,14 @@ using kernels::ConsumerVariant;
 using kernels::PublishDest;
 using kernels::PublishParams;
 
-// Rows from which two-shot beats one-shot (docs/PERFORMANCE.md, measured on H200 x2; larger tp
-// extrapolated until measured): one-shot moves (tp - 1) rows per row over NVLink, two-shot
-// 2 (tp - 1) / tp, so two-shot pays off only at tp > 2, and later for finalize, whose publish
-// is heavier.
+// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2: one-shot
+// and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp rows per row), and
+// two-shot's extra hop only pays from 2048 rows on (2-3% for call, -1..-3% for finalize: 2048
+// for both keeps the one-shot mailbox at 2047 rows). TP=4/8 are extrapolated from the byte
+// counts until measured (issue 8): two-shot moves half (TP=4) or a quarter (TP=8) of the bytes.
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
-    case 2: return finalize ? 4096 : 4096;
+    case 2: return 2048;
     case 4: return finalize ? 512 : 384;
     default: return finalize ? 256 : 192;
   }
