@@ -23,12 +23,15 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
     for (int64_t i = first; i < p.packs; i += step) out[i] = publishable<WordLanes>(ld_input(in + i));
     return;
   }
+  // The first pack's input load goes out before the state load: two round trips overlapped.
+  uint4 head = make_uint4(0, 0, 0, 0);
+  if (first < p.packs) head = ld_input(in + first);
   const Generation g = read_generation(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
   for (int64_t i = first; i < p.packs; i += step) {
-    const uint4 v = publishable<WordLanes>(ld_input(in + i));
+    const uint4 v = publishable<WordLanes>(i == first ? head : ld_input(in + i));
 #pragma unroll
     for (int k = 1; k < kMaxTp; ++k) {
       if (k < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[k]) + my_slot + i, v);

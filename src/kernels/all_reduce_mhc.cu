@@ -239,17 +239,24 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
     }
   }
+  // Single-launch one-shot: this rank's row, loaded (or reduced, for finalize) before the state
+  // load so that the two round trips overlap.
+  uint4 mine = make_uint4(0, 0, 0, 0);
+  if constexpr (IN == ConsumerInput::kPoll) {
+    if (p.publish_first && rp.active) {
+      if (p.x != nullptr) {
+        mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
+      } else {
+        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
+        mine = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
+      }
+    }
+  }
   Generation g{0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
     g = read_generation(p.state);
     if (p.publish_first && rp.active) {  // single-launch one-shot: this rank's row goes out first
-      uint4 v;
-      if (p.x != nullptr) {
-        v = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
-      } else {
-        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
-        v = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
-      }
+      uint4 v = mine;
       v = publishable<Bf16Lanes>(v);
       const int64_t off =
           ((static_cast<int64_t>(g.current) * p.tp + p.rank) * p.slot_rows + row) * np + pack;

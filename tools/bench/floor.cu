@@ -41,9 +41,11 @@ __global__ void floor_poll(const FloorParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();
   pdl_launch_dependents();
+  uint4 mine = make_uint4(0, 0, 0, 0);  // loaded before the state, as the library does
+  if (p.single_launch && rp.active) mine = ld_input(p.x + rp.row * p.np + rp.pack);
   const Generation g = read_generation(p.state);
   if (p.single_launch && rp.active) {  // publish first: one launch, as the library's small-M path
-    const uint4 v = publishable<Bf16Lanes>(ld_input(p.x + rp.row * p.np + rp.pack));
+    const uint4 v = publishable<Bf16Lanes>(mine);
     const int64_t off = ((int64_t(g.current) * p.tp + p.rank) * p.capacity + rp.row) * p.np + rp.pack;
 #pragma unroll
     for (int i = 0; i < kMaxTp; ++i) if (i < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[i]) + off, v);
