@@ -3,5 +3,5 @@
 # e.g. --json results.json, --quick, --tp 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh >/dev/null
+scripts/build.sh
 exec "${BUILD_DIR:-build}/tools/bench/mhccl-bench" "$@"

@@ -12,7 +12,7 @@ want_python=0
 for a in "$@"; do
   case "$a" in
     --python) want_python=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option $a" >&2; exit 2 ;;
   esac
 done

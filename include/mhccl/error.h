@@ -26,8 +26,8 @@ class Error : public std::runtime_error {
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(message), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
-  // True for caller mistakes (kInvalidArgument, kUnsupported): the Python binding maps these
-  // to ValueError, everything else to RuntimeError.
+  // True for caller mistakes (kInvalidArgument, kUnsupported): a binding maps these to its
+  // argument error (Python: ValueError), everything else to its runtime error.
   bool is_argument_error() const noexcept {
     return code_ == ErrorCode::kInvalidArgument || code_ == ErrorCode::kUnsupported;
   }

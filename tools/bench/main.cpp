@@ -177,7 +177,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)");
   app.add_flag("--worker", worker, "internal: run as one rank (set by mhccl-launch)")->group("");
   app.add_option("--rows-out", o.rows_out, "internal: where rank 0 writes its rows")->group("");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option: CLI11's message, exit 2
+  }
   o.check = !no_check;
   o.timing = !check_only;
   std::stringstream ss(ops_list);

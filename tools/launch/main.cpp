@@ -6,6 +6,15 @@
 #include <cstdlib>
 #include <string>
 
+namespace {
+// A whole non-negative number, or -1.
+long parse_count(const char* s) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  return (end == s || *end != '\0' || v < 0) ? -1 : v;
+}
+}  // namespace
+
 #include "launch/launcher.h"
 
 int main(int argc, char** argv) {
@@ -16,19 +25,33 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--") { ++i; break; }
     if ((a == "-n" || a == "--nprocs") && i + 1 < argc) {
-      opts.nprocs = std::atoi(argv[++i]);
+      const long n = parse_count(argv[++i]);
+      if (n < 1) {
+        std::fprintf(stderr, "mhccl-launch: -n expects a number of ranks >= 1, got '%s'\n", argv[i]);
+        return 2;
+      }
+      opts.nprocs = static_cast<int>(n);
     } else if (a == "--timeout" && i + 1 < argc) {
-      opts.timeout_s = std::atof(argv[++i]);
+      const long t = parse_count(argv[++i]);
+      if (t < 0) {
+        std::fprintf(stderr, "mhccl-launch: --timeout expects whole seconds >= 0, got '%s'\n", argv[i]);
+        return 2;
+      }
+      opts.timeout_s = static_cast<double>(t);
     } else if (a == "--no-prefix") {
       opts.prefix_output = false;
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: mhccl-launch [-n N] [--timeout SECONDS] [--no-prefix] -- PROGRAM [ARGS...]\n"
                   "Runs PROGRAM once per local GPU (or N times) as the ranks of one TP group:\n"
+                  "-n defaults to every local GPU, --timeout to 0 (no deadline).\n"
                   "MHCCL_RANK, MHCCL_WORLD_SIZE, MHCCL_LOCAL_RANK and MHCCL_UNIQUE_ID_FILE are set\n"
                   "for each. Kills every rank when one fails or the deadline passes.\n"
                   "Exit: 0 passed, 77 skipped (fewer GPUs than ranks), 124 deadline, else the\n"
                   "first failing rank's code.\n");
       return 0;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "mhccl-launch: unknown option %s (see --help)\n", a.c_str());
+      return 2;
     } else {
       break;
     }
