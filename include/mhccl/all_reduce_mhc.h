@@ -97,8 +97,8 @@ class AllReduceMHC {
   void call(const AllReduceMHCCallArgs& args, cudaStream_t stream);
 
   // As call, with this rank's x = bf16(shared_output + sum_k w[m,k] * gemm2[idx[m,k]]) (routes
-  // of -1 skipped). An index outside [-1, rows) is never read and is reported by a later call
-  // or Communicator::check_errors() as Error(kInvalidRoute).
+  // of -1 skipped). An index outside [-1, rows) is never read: the route is skipped and
+  // reported by Communicator::check_errors() as Error(kInvalidRoute).
   void finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream);
 
   // The protocol kAuto picks for M rows (rank-invariant).

@@ -14,13 +14,16 @@ namespace mhccl {
 
 constexpr int64_t kMaxHidden = 32768;  // a row on at most 8 CTAs (one cluster), 8 BF16 a thread
 constexpr int kMaxTopK = 16;
+constexpr int64_t kMaxTokens = int64_t{1} << 24;  // max_num_tokens: mailbox sizes stay far from 2^63
 constexpr int kMaxTp = 8;
 
 // tp in {1, 2, 4, 8}.
 void check_tp(int tp);
 
 // Construction limits: H a positive multiple of 8 (of 32 with quantize_layer_input) and at
-// most kMaxHidden; hc in {1, 2, 4, 8}; 1 <= top_k <= 16; max_num_tokens >= 1; thresholds >= 0.
+// most kMaxHidden; hc in {1, 2, 4, 8}; 1 <= top_k <= 16; 1 <= max_num_tokens <= kMaxTokens;
+// thresholds >= 0. Tensors everywhere: no negative dimension, at most 2^48 elements; MXFP8
+// values float8_e4m3fn or raw bytes, scales float8_e8m0fnu or raw bytes.
 void check_all_reduce_mhc_config(const AllReduceMHCConfig& config, int tp);
 
 // Checks a call against the built config for CUDA device `device`; returns M.

@@ -13,7 +13,7 @@
 namespace mhccl {
 
 struct CommunicatorOptions {
-  // Spin budget of every Lamport wait, in milliseconds. On expiry the kernel records which peer,
+  // Spin budget of every Lamport wait, in milliseconds (1 ms to 24 h). On expiry the kernel records which peer,
   // protocol, generation and row it waited for and exits; the next call (or check_errors())
   // throws Error(kPeerTimeout) and the communicator stays unusable. 30 s: far above any stall of
   // a live peer in decode (a rank behind by a whole prefill step is under a second), short
@@ -56,8 +56,10 @@ class Communicator {
   bool peers_reachable() const;
 
   // Throws the first error a kernel recorded since the last check (non-blocking: reads a
-  // host-mapped record; a kernel still running reports on a later check). kPeerTimeout leaves
-  // the communicator unusable: every later op throws Error(kUnusable) until it is rebuilt.
+  // host-mapped record; a kernel still running reports on a later check): kPeerTimeout, which
+  // leaves the communicator unusable (every later op throws Error(kUnusable) until it is
+  // rebuilt), or kInvalidRoute (non-fatal; reported here only, never by an op's call, so that
+  // no rank drops a call its peers make).
   void check_errors();
   bool usable() const;
 

@@ -46,10 +46,22 @@ void check_nccl_version() {
   }
 }
 
+constexpr uint64_t kMaxWaitTimeoutMs = 24ull * 3600 * 1000;  // a day; ns stay far from 2^64
+
 void init_common(Communicator::Impl& im) {
   if (const char* env = std::getenv("MHCCL_WAIT_TIMEOUT_MS")) {
-    const long long ms = std::atoll(env);
-    if (ms > 0) im.options.wait_timeout_ms = static_cast<uint64_t>(ms);
+    char* end = nullptr;
+    const long long ms = std::strtoll(env, &end, 10);
+    if (*end != '\0' || ms < 1 || static_cast<uint64_t>(ms) > kMaxWaitTimeoutMs) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("MHCCL_WAIT_TIMEOUT_MS: expected 1 to ") +
+                                                   std::to_string(kMaxWaitTimeoutMs) + " ms, got '" + env + "'");
+    }
+    im.options.wait_timeout_ms = static_cast<uint64_t>(ms);
+  }
+  if (im.options.wait_timeout_ms < 1 || im.options.wait_timeout_ms > kMaxWaitTimeoutMs) {
+    throw Error(ErrorCode::kInvalidArgument, "wait_timeout_ms: expected 1 to " +
+                                                 std::to_string(kMaxWaitTimeoutMs) + " ms, got " +
+                                                 std::to_string(im.options.wait_timeout_ms));
   }
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
@@ -90,11 +102,12 @@ kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
   return s;
 }
 
-void Communicator::Impl::check() {
+void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason);
   volatile kernels::ErrorRecord* r = record;
   const uint32_t epoch = r->epoch;
   if (r->ready != epoch + 1) return;
+  if (r->code != kernels::kWaitTimeout && !report_routes) return;  // left for check_errors()
   const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
                                r->generation, r->row, r->value};
   r->epoch = epoch + 1;  // consumed: the next error may be recorded
@@ -187,7 +200,7 @@ int Communicator::device() const { return impl_->device; }
 ncclComm_t Communicator::nccl() const { return impl_->comm; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options; }
 bool Communicator::peers_reachable() const { return impl_->reachable; }
-void Communicator::check_errors() { impl_->check(); }
+void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
 bool Communicator::usable() const { return !impl_->unusable; }
 
 // --- Symmetric buffers ------------------------------------------------------------------------

@@ -30,8 +30,11 @@ struct Communicator::Impl {
   ~Impl();
   // An error sink for kernels of operation `op`.
   kernels::ErrorSink sink(uint32_t op) const;
-  // Throws the recorded error, if any (see Communicator::check_errors), or kUnusable.
-  void check();
+  // Throws kUnusable, or a recorded peer timeout (which makes the communicator unusable). With
+  // report_routes, also a recorded invalid route (Communicator::check_errors). Ops call it
+  // without: a call must never be dropped on one rank only because of a non-fatal report that
+  // one rank happened to see first, or the ranks' generations would part.
+  void check(bool report_routes = false);
   // Every rank's setup work done (collective; used at construction time only).
   void barrier();
 };

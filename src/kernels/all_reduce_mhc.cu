@@ -123,6 +123,8 @@ template <bool kFinalize>
 __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const PublishParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
+  // The generation is read before the dependents may start (they end the call and advance it).
+  const uint32_t gen = p.dest == PublishDest::kLocal ? 0u : p.state->generation;
   pdl_launch_dependents();
   if (!rp.active) return;
   const int64_t np = p.np;
@@ -138,7 +140,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
     return;
   }
   v = publishable<Bf16Lanes>(v);
-  const uint32_t gen = p.state->generation;
   if (p.dest == PublishDest::kAllRanks) {
     const int64_t off = ((static_cast<int64_t>(gen) * p.tp + p.rank) * p.slot_rows + rp.row) * np + rp.pack;
 #pragma unroll
@@ -162,24 +163,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
 __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
+  const Generation g = read_generation(p.state);  // before the consumer may start (and end the call)
   pdl_launch_dependents();
-  const Generation g = read_generation(p.state);
   const int64_t np = p.np;
   const int64_t slot_packs = p.owner_rows * np;
-  const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
-                                 ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
   const uint4* mailbox = static_cast<const uint4*>(p.mailbox);
   const int64_t row = rp.row * p.tp + p.rank;
-  // The previous call's contributions are reset after this call's sums are out (off the
-  // critical path; peers store into them again only two calls later).
-  auto reset_previous = [&] {
-    reset_slots<Bf16Lanes>(const_cast<uint4*>(mailbox) + g.previous * p.tp * slot_packs, p.tp,
-                           slot_packs, owned_prev * np);
-  };
-  if (!rp.active || row >= p.m) {
-    reset_previous();
-    return;
-  }
+  if (!rp.active || row >= p.m) return;
   const uint4* slot = mailbox + (g.current * p.tp * p.owner_rows + rp.row) * np + rp.pack;
   uint4 v[kMaxTp];
 #pragma unroll
@@ -201,7 +191,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   for (int i = 0; i < kMaxTp; ++i) {
     if (i < p.tp) st_volatile(static_cast<uint4*>(p.reduced[i]) + off, y);
   }
-  reset_previous();
 }
 
 template <int HC, ConsumerInput IN, ConsumerVariant V>
@@ -215,7 +204,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     cg::this_cluster().barrier_arrive();  // waited for in cluster_row_sum
   }
   if (p.wait_predecessor) pdl_wait();  // below: the predecessors' outputs, the protocol state
-  pdl_launch_dependents();
 
   // Loads that depend on no protocol state go out first: this row's mixes (into shared memory:
   // every thread of the row needs all of them), residual streams, norm weight.
@@ -266,6 +254,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       }
     }
   }
+  pdl_launch_dependents();  // after the state read: dependents start the next call
 
   // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -391,6 +380,13 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
                                g.previous * p.nslots * slot_packs,
                            p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
+    if (p.contributions != nullptr) {  // two-shot: this rank's owned rows of the previous call
+      const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
+                                     ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
+      const int64_t contrib_packs = p.owner_rows * np;
+      reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
+                             p.tp, contrib_packs, owned_prev * np);
+    }
   }
   if constexpr (IN == ConsumerInput::kPoll) arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
 }

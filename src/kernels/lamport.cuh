@@ -24,7 +24,7 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 // was launched without the PDL attribute), and let the successor grid get scheduled early.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" :::);
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // after every earlier load
 }
 
 // Volatile (relaxed, system-scope, uncached) 16-byte accesses: polls see peers' NVLink stores.

@@ -124,6 +124,11 @@ struct ConsumerParams {
   int nslots;
   int64_t slot_rows;
   LamportState* state;  // kPoll only
+  // Two-shot: this rank's contribution mailbox [gen][source][owned row][np] and its rows per
+  // slot. The consumer, the call's last kernel, resets the previous call's contributions (the
+  // owner reduce cannot: nothing orders its end before the next call's kernels).
+  void* contributions;
+  int64_t owner_rows;
   uint32_t protocol;    // for error records
   int tp;               // rank m % tp owns row m (two-shot: the peer a reduced-row wait names)
   // kFinalize

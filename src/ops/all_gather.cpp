@@ -16,6 +16,7 @@ struct LamportAllGather::Impl {
   void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
 
   ~Impl() {
+    if (!comm) return;  // construction failed before anything was allocated
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(comm->device);
@@ -31,7 +32,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   check_all_gather_config(rank_capacity_bytes);
   Impl& im = *impl_;
   im.comm = comm.impl();
-  im.comm->check();
+  im.comm->check();  // fatal errors only; route reports stay for check_errors()
   im.capacity = rank_capacity_bytes;
   detail::DeviceGuard guard(im.comm->device);
   if (im.comm->tp > 1 && im.comm->reachable) {
@@ -56,7 +57,7 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
   Communicator::Impl& c = *im.comm;
   c.check();
   const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
-  if (needs_copy && in.ndim > 8) {
+  if (needs_copy && !is_contiguous(in) && in.ndim > 8) {
     throw Error(ErrorCode::kInvalidArgument,
                 "input: a non-contiguous input of at most 8 dimensions can be copied, got " +
                     std::to_string(in.ndim));
@@ -83,11 +84,18 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     src = im.staging;
   }
   void* dst = static_cast<char*>(out.data) + out.byte_offset;
-  if (c.tp > 1 && !c.reachable) {  // NCCL fallback (no sentinel: words arrive unchanged)
-    MHCCL_NCCL(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
+  kernels::AllGatherParams p = {};
+  if (c.tp > 1 && !c.reachable) {
+    // NCCL fallback. Words equal to 0x80000000 arrive as 0 here too (the contract does not
+    // depend on the path): the TP=1 kernel maps them while staging the input.
+    p.in = src;
+    p.out = im.staging;
+    p.tp = 1;
+    p.packs = bytes / 16;
+    MHCCL_CUDA(kernels::launch_all_gather(p, stream, true));
+    MHCCL_NCCL(ncclAllGather(im.staging, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
     return;
   }
-  kernels::AllGatherParams p = {};
   p.in = src;
   p.out = dst;
   p.tp = c.tp;

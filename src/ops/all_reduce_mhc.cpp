@@ -62,6 +62,7 @@ struct AllReduceMHC::Impl {
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
 
   ~Impl() {
+    if (!comm) return;  // construction failed before anything was allocated
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(comm->device);
@@ -179,10 +180,12 @@ struct AllReduceMHC::Impl {
       for (int i = 0; i < c.tp; ++i) pp.targets[i] = ll_mailbox->peer((c.rank + 1 + i) % c.tp);
       pp.slot_rows = ll_rows;
       pp.state = &states[0];
+      // Single launch only where its grid is co-resident by construction: at most 96 CTAs, and
+      // rows that fit one CTA (small-M clusters of up to 5 CTAs of at most 128 threads).
       const int64_t ctas = m * cp.tiling.ctas_per_row;
-      const bool single = cfg.single_launch_max_rows < 0
-                              ? ctas <= kernels::kMaxSingleLaunchCtas
-                              : m <= cfg.single_launch_max_rows && ctas <= kernels::kMaxSingleLaunchCtas;
+      const bool row_fits_one_cta = np <= kernels::max_threads_per_cta(cfg.hc_mult);
+      const bool single = row_fits_one_cta && ctas <= kernels::kMaxSingleLaunchCtas &&
+                          (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
       if (single) {
         cp.publish_first = true;
         cp.x = pp.x;
@@ -225,6 +228,9 @@ struct AllReduceMHC::Impl {
       MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
       cp.wait_predecessor = false;
       cp.in = bt_reduced->local();
+      cp.contributions = bt_mailbox->local();
+      cp.owner_rows = owner_rows;
+      cp.rank = c.rank;
       cp.nslots = 1;
       cp.slot_rows = cfg.max_num_tokens;
       cp.state = &states[1];

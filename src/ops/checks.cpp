@@ -15,16 +15,22 @@ namespace {
 [[noreturn]] void invalid(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, msg); }
 [[noreturn]] void unsupported(const std::string& msg) { throw Error(ErrorCode::kUnsupported, msg); }
 
-enum class Kind { kBF16, kF32, kI32, kByte };
+// DLPack >= 1.1 type codes of the 8-bit float formats MXFP8 uses (the DLPack 0.6 header lacks
+// them; the values are DLPack's).
+constexpr uint8_t kDLFloat8E4M3FN = 10;
+constexpr uint8_t kDLFloat8E8M0FNU = 14;
+
+enum class Kind { kBF16, kF32, kI32, kE4M3Bytes, kUE8M0Bytes };
 
 bool dtype_is(const DLDataType& t, Kind k) {
   if (t.lanes != 1) return false;
+  const bool raw_byte = t.bits == 8 && (t.code == kDLInt || t.code == kDLUInt);
   switch (k) {
     case Kind::kBF16: return t.code == kDLBfloat && t.bits == 16;
     case Kind::kF32: return t.code == kDLFloat && t.bits == 32;
     case Kind::kI32: return t.code == kDLInt && t.bits == 32;
-    case Kind::kByte:  // uint8, int8 or one of DLPack's float8 codes (7..13)
-      return t.bits == 8 && (t.code == kDLInt || t.code == kDLUInt || (t.code >= 7 && t.code <= 13));
+    case Kind::kE4M3Bytes: return raw_byte || (t.bits == 8 && t.code == kDLFloat8E4M3FN);
+    case Kind::kUE8M0Bytes: return raw_byte || (t.bits == 8 && t.code == kDLFloat8E8M0FNU);
   }
   return false;
 }
@@ -34,12 +40,13 @@ const char* kind_name(Kind k) {
     case Kind::kBF16: return "bfloat16";
     case Kind::kF32: return "float32";
     case Kind::kI32: return "int32";
-    case Kind::kByte: return "an 8-bit type (uint8 or float8_e4m3fn)";
+    case Kind::kE4M3Bytes: return "float8_e4m3fn (or uint8/int8)";
+    case Kind::kUE8M0Bytes: return "float8_e8m0fnu (or uint8/int8)";
   }
   return "?";
 }
 
-int align_of(Kind k) { return (k == Kind::kBF16 || k == Kind::kByte) ? 16 : 4; }
+int align_of(Kind k) { return (k == Kind::kF32 || k == Kind::kI32) ? 4 : 16; }
 
 std::string shape_str(std::initializer_list<int64_t> s) {
   std::ostringstream o;
@@ -54,14 +61,43 @@ uintptr_t data_address(const DLTensor& t) {
   return reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>(t.byte_offset);
 }
 
+// Elements of a well-formed tensor (see check_dims).
 int64_t numel(const DLTensor& t) {
   int64_t n = 1;
   for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
   return n;
 }
 
+std::string strides_str(const DLTensor& t) {
+  if (t.strides == nullptr) return "none (compact)";
+  std::ostringstream o;
+  o << '[';
+  for (int i = 0; i < t.ndim; ++i) o << (i ? ", " : "") << t.strides[i];
+  o << ']';
+  return o.str();
+}
+
+// Sizes before anything else: a shape array, no negative dimension, at most 2^48 elements.
+void check_dims(const DLTensor& t, const char* name) {
+  if (t.ndim < 0 || t.ndim > 16 || (t.ndim > 0 && t.shape == nullptr)) {
+    invalid(std::string(name) + ": expected a tensor of 0 to 16 dimensions with a shape array, got ndim " +
+            std::to_string(t.ndim) + (t.shape == nullptr ? " and no shape" : ""));
+  }
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0) {
+      invalid(std::string(name) + ": expected non-negative dimensions, got shape " + describe_shape(t));
+    }
+    if (t.shape[i] > 0 && n > (int64_t{1} << 48) / t.shape[i]) {
+      invalid(std::string(name) + ": expected at most 2^48 elements, got shape " + describe_shape(t));
+    }
+    n *= t.shape[i];
+  }
+}
+
 // Dtype, device, contiguity and alignment of a present tensor.
 void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
+  check_dims(t, name);
   if (!dtype_is(t.dtype, kind)) {
     invalid(std::string(name) + ": expected dtype " + kind_name(kind) + ", got " +
             describe_dtype(t.dtype));
@@ -75,7 +111,7 @@ void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
   }
   if (!is_contiguous(t)) {
     invalid(std::string(name) + ": expected a contiguous (row-major) tensor, got shape " +
-            describe_shape(t) + " with non-compact strides");
+            describe_shape(t) + " with strides " + strides_str(t));
   }
   const int align = align_of(kind);
   if (numel(t) > 0 && data_address(t) % align != 0) {
@@ -96,6 +132,7 @@ bool shape_is(const DLTensor& t, std::initializer_list<int64_t> s) {
 void check_tensor(const DLTensor* t, const char* name, Kind kind,
                   std::initializer_list<int64_t> shape, int device) {
   if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+  check_dims(*t, name);
   if (!shape_is(*t, shape)) {
     invalid(std::string(name) + ": expected shape " + shape_str(shape) + ", got " +
             describe_shape(*t));
@@ -106,6 +143,7 @@ void check_tensor(const DLTensor* t, const char* name, Kind kind,
 // M of the call from its leading tensor ([M, H] BF16), checked against [1, C].
 int64_t leading_rows(const DLTensor* t, const char* name, const AllReduceMHCConfig& c) {
   if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+  check_dims(*t, name);
   if (t->ndim != 2 || t->shape[1] != c.hidden_size) {
     invalid(std::string(name) + ": expected shape [M, " + std::to_string(c.hidden_size) +
             "], got " + describe_shape(*t));
@@ -151,6 +189,7 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
 
   check_tensor(e.residual, "residual", Kind::kBF16, {m, hc, h}, device);
   if (e.post == nullptr) invalid("post: expected a tensor, got none");
+  check_dims(*e.post, "post");
   if (!shape_is(*e.post, {m, hc}) && !shape_is(*e.post, {m, hc, 1})) {
     invalid("post: expected shape " + shape_str({m, hc}) + " or " + shape_str({m, hc, 1}) +
             ", got " + describe_shape(*e.post));
@@ -167,15 +206,16 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
   }
   check_tensor(e.residual_out, "residual_out", Kind::kBF16, {m, hc, h}, device);
   if (has_values) {
-    check_tensor(e.mxfp8_values, "mxfp8 values", Kind::kByte, {m, h}, device);
+    check_tensor(e.mxfp8_values, "mxfp8 values", Kind::kE4M3Bytes, {m, h}, device);
     const DLTensor& s = *e.mxfp8_scales;
+    check_dims(s, "mxfp8 scales");
     const int64_t want = mxfp8_scale_bytes(m, h);
-    if (!dtype_is(s.dtype, Kind::kByte) || numel(s) != want) {
+    if (!dtype_is(s.dtype, Kind::kUE8M0Bytes) || numel(s) != want) {
       invalid("mxfp8 scales: expected " + std::to_string(want) + " bytes (mxfp8_scale_bytes(" +
-              std::to_string(m) + ", " + std::to_string(h) + ")) of an 8-bit type, got " +
-              std::to_string(numel(s)) + " elements of " + describe_dtype(s.dtype));
+              std::to_string(m) + ", " + std::to_string(h) + ")) of " + kind_name(Kind::kUE8M0Bytes) +
+              ", got " + std::to_string(numel(s)) + " elements of " + describe_dtype(s.dtype));
     }
-    check_storage(s, "mxfp8 scales", Kind::kByte, device);
+    check_storage(s, "mxfp8 scales", Kind::kUE8M0Bytes, device);
   }
 }
 
@@ -188,7 +228,12 @@ std::string describe_dtype(const DLDataType& t) {
     case kDLUInt: base = "uint"; break;
     case kDLFloat: base = "float"; break;
     case kDLBfloat: base = "bfloat"; break;
+    case kDLFloat8E4M3FN: base = "float8_e4m3fn"; break;
+    case kDLFloat8E8M0FNU: base = "float8_e8m0fnu"; break;
     default: base = "code" + std::to_string(t.code) + "_"; break;
+  }
+  if (t.code == kDLFloat8E4M3FN || t.code == kDLFloat8E8M0FNU) {
+    return t.bits == 8 && t.lanes == 1 ? base : base + "(bits " + std::to_string(t.bits) + ")";
   }
   std::string s = base + std::to_string(t.bits);
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
@@ -245,8 +290,9 @@ void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
   if (c.top_k < 1 || c.top_k > kMaxTopK) {
     invalid("top_k: expected 1..16, got " + std::to_string(c.top_k));
   }
-  if (c.max_num_tokens < 1) {
-    invalid("max_num_tokens: expected at least 1, got " + std::to_string(c.max_num_tokens));
+  if (c.max_num_tokens < 1 || c.max_num_tokens > kMaxTokens) {
+    invalid("max_num_tokens: expected 1 to " + std::to_string(kMaxTokens) + ", got " +
+            std::to_string(c.max_num_tokens));
   }
   if (c.two_shot_min_rows < 0 || c.two_shot_min_finalize_rows < 0) {
     invalid("two_shot_min_rows / two_shot_min_finalize_rows: expected >= 0 (0 = default), got " +
@@ -310,20 +356,37 @@ void check_all_gather_config(int64_t cap) {
 }
 
 bool all_gather_accepts(int64_t cap, const DLTensor& in) {
+  if (in.ndim < 0 || in.ndim > 16 || (in.ndim > 0 && in.shape == nullptr)) return false;
+  for (int i = 0; i < in.ndim; ++i) {
+    if (in.shape[i] < 0 || in.shape[i] > cap) return false;  // also keeps the product in range
+  }
   const int64_t b = tensor_bytes(in);
   return b > 0 && b <= cap && b % 16 == 0;
 }
 
+namespace {
+std::string device_str(const DLDevice& d) {
+  return d.device_type == kDLCUDA ? "cuda:" + std::to_string(d.device_id)
+                                  : "device type " + std::to_string(int(d.device_type));
+}
+}  // namespace
+
 bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
                            const DLTensor& out) {
+  check_dims(in, "input");
+  check_dims(out, "output");
   if (in.ndim < 1) invalid("input: expected at least one dimension, got a scalar");
+  if (tensor_bytes(in) < 0) {
+    invalid("input: expected whole-byte elements, got dtype " + describe_dtype(in.dtype));
+  }
   if (!all_gather_accepts(cap, in)) {
-    invalid("input: the all-gather takes 16-byte multiples of 16 to " + std::to_string(cap) +
-            " bytes per rank, got " + std::to_string(tensor_bytes(in)) + " bytes " +
+    invalid("input: expected a multiple of 16 bytes, from 16 to " + std::to_string(cap) +
+            " (rank_capacity_bytes), got " + std::to_string(tensor_bytes(in)) + " bytes: " +
             describe_shape(in) + " " + describe_dtype(in.dtype));
   }
   if (in.device.device_type != kDLCUDA || in.device.device_id != device) {
-    invalid("input: expected a CUDA tensor on device cuda:" + std::to_string(device));
+    invalid("input: expected a CUDA tensor on device cuda:" + std::to_string(device) + ", got " +
+            device_str(in.device));
   }
   if (out.dtype.code != in.dtype.code || out.dtype.bits != in.dtype.bits ||
       out.dtype.lanes != in.dtype.lanes) {
@@ -340,9 +403,13 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
     invalid(o.str());
   }
   if (out.device.device_type != kDLCUDA || out.device.device_id != device) {
-    invalid("output: expected a CUDA tensor on device cuda:" + std::to_string(device));
+    invalid("output: expected a CUDA tensor on device cuda:" + std::to_string(device) + ", got " +
+            device_str(out.device));
   }
-  if (!is_contiguous(out)) invalid("output: expected a contiguous tensor, got non-compact strides");
+  if (!is_contiguous(out)) {
+    invalid("output: expected a contiguous tensor, got shape " + describe_shape(out) +
+            " with strides " + strides_str(out));
+  }
   if (data_address(out) % 16 != 0) {
     std::ostringstream o;
     o << "output: expected a 16-byte aligned data pointer, got 0x" << std::hex << data_address(out);

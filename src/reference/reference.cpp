@@ -130,8 +130,9 @@ double bf16_ulp_distance(uint16_t got, double want) {
   if (std::isinf(want) || std::isinf(g)) return g == want ? 0.0 : INFINITY;
   const double a = std::fabs(want);
   int e = 0;
-  std::frexp(a, &e);                               // a = f * 2^e, f in [0.5, 1)
-  const double ulp = std::ldexp(1.0, std::max(e - 1 - 7, -133));  // 8 significant bits
+  std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1); e is 0 for a == 0
+  // 8 significant bits; at and near zero the subnormal step 2^-133.
+  const double ulp = a == 0.0 ? std::ldexp(1.0, -133) : std::ldexp(1.0, std::max(e - 1 - 7, -133));
   return std::fabs(g - want) / ulp;
 }
 

@@ -255,7 +255,38 @@ TEST_F(Checks, Mxfp8ValuesWrongShape) {
 TEST_F(Checks, Mxfp8ValuesWrongDtype) {
   Desc bad(addr(0x90000), kBF16, {5, 64});
   call_error([&](auto& a) { a.epilogue.mxfp8_values = bad.get(); }, ErrorCode::kInvalidArgument,
-             {"mxfp8 values", "8-bit"});
+             {"mxfp8 values", "float8_e4m3fn", "bfloat16"});
+}
+TEST_F(Checks, Mxfp8OtherFp8FormatsRejected) {
+  // DLPack 1.1 codes: e5m2 = 12 and e4m3fnuz = 11 are not E4M3FN; e8m0fnu = 14 is the scale type.
+  Desc e5m2(addr(0x90000), DLDataType{12, 8, 1}, {5, 64});
+  call_error([&](auto& a) { a.epilogue.mxfp8_values = e5m2.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 values", "float8_e4m3fn", "code12_8"});
+  Desc scales_e4m3(addr(0xA0000), DLDataType{10, 8, 1}, {mxfp8_scale_bytes(5, 64)});
+  call_error([&](auto& a) { a.epilogue.mxfp8_scales = scales_e4m3.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 scales", "float8_e8m0fnu"});
+  Desc values_e4m3(addr(0x90000), DLDataType{10, 8, 1}, {5, 64});
+  Desc scales_e8m0(addr(0xA0000), DLDataType{14, 8, 1}, {mxfp8_scale_bytes(5, 64)});
+  AllReduceMHCCallArgs a = f.call();
+  a.epilogue.mxfp8_values = values_e4m3.get();
+  a.epilogue.mxfp8_scales = scales_e8m0.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);  // torch's natural MXFP8 dtypes pass
+}
+TEST_F(Checks, NegativeAndOverflowingDimensions) {
+  Desc neg(addr(0xA0000), kU8, {-1, -512});  // numel 512, but not a tensor
+  call_error([&](auto& a) { a.epilogue.mxfp8_scales = neg.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 scales", "non-negative", "[-1, -512]"});
+  Desc huge(addr(0x20000), kBF16, {int64_t{1} << 40, int64_t{1} << 30, 4});
+  call_error([&](auto& a) { a.epilogue.residual = huge.get(); }, ErrorCode::kInvalidArgument,
+             {"residual", "2^48"});
+  Desc no_shape(addr(0x10000), kBF16, {5, 64});
+  no_shape.t.shape = nullptr;
+  call_error([&](auto& a) { a.x = no_shape.get(); }, ErrorCode::kInvalidArgument, {"x:", "no shape"});
+}
+TEST_F(Checks, StridesAreNamedInTheMessage) {
+  Desc bad(addr(0x10000), kBF16, {5, 64});
+  bad.with_strides({128, 1});
+  call_error([&](auto& a) { a.x = bad.get(); }, ErrorCode::kInvalidArgument, {"x:", "strides [128, 1]"});
 }
 TEST_F(Checks, LayerInputMissing) {
   call_error([&](auto& a) { a.epilogue.layer_input = nullptr; }, ErrorCode::kInvalidArgument,
@@ -328,6 +359,9 @@ TEST(ConfigChecks, Limits) {
   c = cfg();
   c.max_num_tokens = 0;
   expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"max_num_tokens", "got 0"});
+  c.max_num_tokens = int64_t{1} << 53;  // would wrap the mailbox sizes
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"max_num_tokens", "16777216"});
   expect_error([&] { check_all_reduce_mhc_config(cfg(), 3); }, ErrorCode::kUnsupported, {"tp", "got 3"});
   c = cfg();
   c.two_shot_min_rows = -1;
@@ -354,7 +388,17 @@ TEST(AllGatherChecks, CallErrors) {
   EXPECT_FALSE(check_all_gather_call(4096, 2, 0, in.t, out.t));
   Desc big(addr(0x1000), kF32, {2048, 4});
   expect_error([&] { check_all_gather_call(4096, 2, 0, big.t, out.t); }, ErrorCode::kInvalidArgument,
-               {"input", "4096 bytes", "32768"});
+               {"input", "from 16 to 4096", "32768 bytes"});
+  // Negative dimensions and sizes that would wrap are not accepted.
+  Desc neg_in(addr(0x1000), kU8, {-1, -16}), neg_out(addr(0x2000), kU8, {-2, -16});
+  EXPECT_FALSE(all_gather_accepts(4096, neg_in.t));
+  expect_error([&] { check_all_gather_call(4096, 2, 0, neg_in.t, neg_out.t); }, ErrorCode::kInvalidArgument,
+               {"input", "non-negative"});
+  Desc wrap(addr(0x1000), kU8, {(int64_t{1} << 62) + 4, 4});
+  EXPECT_FALSE(all_gather_accepts(4096, wrap.t));
+  Desc fp4(addr(0x1000), DLDataType{kDLFloat, 4, 1}, {32});  // 16 bytes of 4-bit elements
+  expect_error([&] { check_all_gather_call(4096, 2, 0, fp4.t, out.t); }, ErrorCode::kInvalidArgument,
+               {"input", "whole-byte"});
   Desc out_dtype(addr(0x2000), kI32, {8, 4});
   expect_error([&] { check_all_gather_call(4096, 2, 0, in.t, out_dtype.t); }, ErrorCode::kInvalidArgument,
                {"output", "float32", "int32"});

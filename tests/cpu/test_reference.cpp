@@ -111,6 +111,10 @@ TEST(Reference, UlpDistance) {
   EXPECT_EQ(reference::bf16_ulp_distance(0x3F81, 1.0), 1.0);           // 1 + 2^-7
   EXPECT_EQ(reference::bf16_ulp_distance(bf(1.0f), 1.0 + 1.0 / 256), 0.5);
   EXPECT_TRUE(std::isinf(reference::bf16_ulp_distance(0x7FC0, 1.0)));
+  // At zero the step is the least subnormal, 2^-133: 2^-8 is far away, not within an ulp.
+  EXPECT_EQ(reference::bf16_ulp_distance(0x0000, 0.0), 0.0);
+  EXPECT_EQ(reference::bf16_ulp_distance(0x0001, 0.0), 1.0);
+  EXPECT_GT(reference::bf16_ulp_distance(bf(1.0f / 256), 0.0), 1e30);
 }
 
 // FP32 reference vs FP64 recomputation: layer_input within 1 BF16 ulp, over realistic mixes.
