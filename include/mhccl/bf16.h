@@ -15,18 +15,6 @@
 
 namespace mhccl {
 
-// Exact widening: every BF16 value (subnormals, -0.0, Inf, NaN payloads) is a float.
-MHCCL_HD float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
-
 // Round to nearest even, the toolkit's definition on host and device: every NaN becomes 0x7FFF,
 // no flush of subnormals.
 MHCCL_HD uint16_t float_to_bf16(float f) {
@@ -52,5 +40,8 @@ MHCCL_HD float bits_float(uint32_t u) {
   return f;
 #endif
 }
+
+// Exact widening: every BF16 value (subnormals, -0.0, Inf, NaN payloads) is a float.
+MHCCL_HD float bf16_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
 
 }  // namespace mhccl

@@ -1,6 +1,7 @@
 // Turning CUDA/NCCL status codes into mhccl::Error, and a device guard.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -45,6 +46,16 @@ class DeviceGuard {
  private:
   int previous_ = 0;
 };
+
+// Frees device allocations of `device` once its work is done (destructors: never throws).
+inline void release_device_memory(int device, std::initializer_list<void*> ptrs) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  cudaDeviceSynchronize();
+  for (void* p : ptrs) if (p) cudaFree(p);
+  if (prev >= 0) cudaSetDevice(prev);
+}
 
 }  // namespace mhccl::detail
 

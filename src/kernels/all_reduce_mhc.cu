@@ -17,19 +17,10 @@ namespace {
 namespace cg = cooperative_groups;
 
 // --- MoE finalize: this rank's x of one pack ------------------------------------------------
-struct FinalizeSource {
-  const void* gemm2;
-  int64_t rows;
-  const float* weights;
-  const int32_t* routes;
-  const void* shared;
-  int top_k;
-};
-
 // x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
 // Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
 // recorded. The gemm2 packs of kGroup routes are loaded together before their fmas.
-__device__ __forceinline__ uint4 finalize_pack(const FinalizeSource& f, int64_t row, int pack,
+__device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
   constexpr int kGroup = 4;
   float acc[8];
@@ -43,13 +34,13 @@ __device__ __forceinline__ uint4 finalize_pack(const FinalizeSource& f, int64_t 
       const int k = k0 + j;
       route[j] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
       w[j] = k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
-      if (route[j] >= 0 && route[j] < f.rows) {
+      if (route[j] >= 0 && route[j] < f.gemm2_rows) {
         g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
       }
     }
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
-      if (route[j] >= 0 && route[j] < f.rows) {
+      if (route[j] >= 0 && route[j] < f.gemm2_rows) {
         float v[8];
         unpack_bf16(g[j], v);
 #pragma unroll
@@ -130,8 +121,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const int64_t np = p.np;
   uint4 v;
   if constexpr (kFinalize) {
-    const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
-    v = finalize_pack(f, rp.row, rp.pack, p.np, p.err, rp.pack == 0);
+    v = finalize_pack(p.fin, rp.row, rp.pack, p.np, p.err, rp.pack == 0);
   } else {
     v = ld_input(static_cast<const uint4*>(p.x) + rp.row * np + rp.pack);
   }
@@ -235,8 +225,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       if (p.x != nullptr) {
         mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
       } else {
-        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
-        mine = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
+        mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
       }
     }
   }
@@ -280,8 +269,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     } else {
       uint4 x;
       if constexpr (IN == ConsumerInput::kFinalize) {
-        const FinalizeSource f{p.gemm2, p.gemm2_rows, p.weights, p.routes, p.shared, p.top_k};
-        x = finalize_pack(f, row, pack, p.np, p.err, pack == 0);
+        x = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
       } else {
         x = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
       }

@@ -71,15 +71,20 @@ enum class PublishDest : int {
   kLocal = 2,     // NCCL fallback of finalize: row m of a local buffer, no Lamport
 };
 
-struct PublishParams {
-  // Source: x (call) or the finalize inputs (x == nullptr).
-  const void* x;
-  const void* gemm2;
+// The MoE finalize's inputs (SPEC.md, finalize): x[m] = bf16(shared[m] + sum over k of
+// weights[m,k] * gemm2[routes[m,k]]), routes of -1 (and any outside [0, gemm2_rows)) skipped.
+struct FinalizeInputs {
+  const void* gemm2;  // [gemm2_rows, H] BF16
   int64_t gemm2_rows;
-  const float* weights;
-  const int32_t* routes;
-  const void* shared;
+  const float* weights;   // [M, top_k]
+  const int32_t* routes;  // [M, top_k]
+  const void* shared;     // [M, H] BF16
   int top_k;
+};
+
+struct PublishParams {
+  const void* x;       // this rank's rows, or nullptr: the finalize reduction of `fin`
+  FinalizeInputs fin;
   int64_t m;
   int np;  // packs per row = H / 8
   RowTiling tiling;
@@ -124,6 +129,7 @@ struct ConsumerParams {
   int nslots;
   int64_t slot_rows;
   LamportState* state;  // kPoll only
+  FinalizeInputs fin;   // kFinalize, and a single-launch publish of finalize (x == nullptr)
   // Two-shot: this rank's contribution mailbox [gen][source][owned row][np] and its rows per
   // slot. The consumer, the call's last kernel, resets the previous call's contributions (the
   // owner reduce cannot: nothing orders its end before the next call's kernels).
@@ -131,13 +137,6 @@ struct ConsumerParams {
   int64_t owner_rows;
   uint32_t protocol;    // for error records
   int tp;               // rank m % tp owns row m (two-shot: the peer a reduced-row wait names)
-  // kFinalize
-  const void* gemm2;
-  int64_t gemm2_rows;
-  const float* weights;
-  const int32_t* routes;
-  const void* shared;
-  int top_k;
   // epilogue
   const void* residual;
   const float* post;

@@ -16,14 +16,7 @@ struct LamportAllGather::Impl {
   void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
 
   ~Impl() {
-    if (!comm) return;  // construction failed before anything was allocated
-    int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(comm->device);
-    cudaDeviceSynchronize();
-    if (state) cudaFree(state);
-    if (staging) cudaFree(staging);
-    if (prev >= 0) cudaSetDevice(prev);
+    if (comm) detail::release_device_memory(comm->device, {state, staging});
   }
 };
 

@@ -62,14 +62,7 @@ struct AllReduceMHC::Impl {
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
 
   ~Impl() {
-    if (!comm) return;  // construction failed before anything was allocated
-    int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(comm->device);
-    cudaDeviceSynchronize();
-    if (states) cudaFree(states);
-    if (fallback_rows) cudaFree(fallback_rows);
-    if (prev >= 0) cudaSetDevice(prev);
+    if (comm) detail::release_device_memory(comm->device, {states, fallback_rows});
   }
 
   int64_t threshold(bool finalize) const {
@@ -147,13 +140,14 @@ struct AllReduceMHC::Impl {
     PublishParams pp = {};
     pp.x = finalize ? nullptr : data_of(x);
     if (finalize) {
-      pp.gemm2 = data_of(fin->gemm2_permuted);
-      pp.gemm2_rows = fin->gemm2_permuted->shape[0];
-      pp.weights = static_cast<const float*>(data_of(fin->expert_weights));
-      pp.routes = static_cast<const int32_t*>(data_of(fin->expanded_idx_to_permuted_idx));
-      pp.shared = data_of(fin->shared_output);
-      pp.top_k = cfg.top_k;
+      pp.fin.gemm2 = data_of(fin->gemm2_permuted);
+      pp.fin.gemm2_rows = fin->gemm2_permuted->shape[0];
+      pp.fin.weights = static_cast<const float*>(data_of(fin->expert_weights));
+      pp.fin.routes = static_cast<const int32_t*>(data_of(fin->expanded_idx_to_permuted_idx));
+      pp.fin.shared = data_of(fin->shared_output);
+      pp.fin.top_k = cfg.top_k;
     }
+    cp.fin = pp.fin;
     pp.m = m;
     pp.np = np;
     pp.tiling = cp.tiling;
@@ -165,12 +159,6 @@ struct AllReduceMHC::Impl {
     if (c.tp == 1) {
       if (finalize) {
         input = ConsumerInput::kFinalize;
-        cp.gemm2 = pp.gemm2;
-        cp.gemm2_rows = pp.gemm2_rows;
-        cp.weights = pp.weights;
-        cp.routes = pp.routes;
-        cp.shared = pp.shared;
-        cp.top_k = pp.top_k;
       } else {
         input = ConsumerInput::kDirect;
         cp.in = pp.x;
@@ -191,12 +179,6 @@ struct AllReduceMHC::Impl {
         cp.x = pp.x;
         for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
         cp.rank = c.rank;
-        cp.gemm2 = pp.gemm2;
-        cp.gemm2_rows = pp.gemm2_rows;
-        cp.weights = pp.weights;
-        cp.routes = pp.routes;
-        cp.shared = pp.shared;
-        cp.top_k = pp.top_k;
       } else {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
         cp.wait_predecessor = false;

@@ -126,6 +126,18 @@ struct Ctx {
   }
 };
 
+// DSV4.1's boundary (H=5120, hc=4, top_k=6) for `capacity` rows, both variants built.
+AllReduceMHCConfig dsv41_config(int64_t capacity) {
+  AllReduceMHCConfig cfg;
+  cfg.hidden_size = kH;
+  cfg.hc_mult = kHc;
+  cfg.max_num_tokens = capacity;
+  cfg.top_k = kTopK;
+  cfg.quantize_layer_input = true;
+  cfg.residual_only = true;
+  return cfg;
+}
+
 const char* variant_key(Variant v) {
   return v == Variant::kPlain ? "plain" : v == Variant::kMxfp8 ? "mxfp8" : "residual_only";
 }
@@ -162,13 +174,7 @@ void check_all_gather(Ctx& c) {
 }
 
 void check_all_reduce(Ctx& c) {
-  AllReduceMHCConfig cfg;
-  cfg.hidden_size = kH;
-  cfg.hc_mult = kHc;
-  cfg.max_num_tokens = 256;
-  cfg.top_k = kTopK;
-  cfg.quantize_layer_input = true;
-  cfg.residual_only = true;
+  AllReduceMHCConfig cfg = dsv41_config(256);
   cfg.two_shot_min_rows = cfg.two_shot_min_finalize_rows = 129;  // both protocols in 256 rows
   AllReduceMHC op(*c.comm, cfg);
   CallBuffers b(256, kH, kHc, kTopK);
@@ -309,13 +315,7 @@ void time_all_reduce(Ctx& c) {
     for (int64_t m : c.opt.quick ? std::vector<int64_t>{512, 4096} : std::vector<int64_t>{256, 512, 1024, 4096}) ms.push_back(m);
   }
   const int64_t cap = ms.back();
-  AllReduceMHCConfig cfg;
-  cfg.hidden_size = kH;
-  cfg.hc_mult = kHc;
-  cfg.max_num_tokens = cap;
-  cfg.top_k = kTopK;
-  cfg.quantize_layer_input = true;
-  cfg.residual_only = true;
+  const AllReduceMHCConfig cfg = dsv41_config(cap);
   AllReduceMHC op(*c.comm, cfg);
   std::unique_ptr<LamportFloor> floor;
   std::unique_ptr<AllReduceMHC> two_launch_op;  // the same one-shot as publish + consumer launches
@@ -384,11 +384,7 @@ void time_two_shot(Ctx& c) {
   const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{256, 1024, 4096}
                                               : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192};
   const int64_t cap = ms.back();
-  AllReduceMHCConfig cfg;
-  cfg.hidden_size = kH;
-  cfg.hc_mult = kHc;
-  cfg.max_num_tokens = cap;
-  cfg.top_k = kTopK;
+  AllReduceMHCConfig cfg = dsv41_config(cap);
   cfg.two_shot_min_rows = cap + 1;     // the one-shot mailbox holds every row ...
   cfg.two_shot_min_finalize_rows = 1;  // ... and two-shot is built too
   AllReduceMHC op(*c.comm, cfg);
