@@ -31,6 +31,21 @@ if [[ " $stages " == *" tests "* ]]; then
   echo "gpu tests rc=$?"
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran)" "$OUT/gpu.log" | head -60
 fi
+if [[ " $stages " == *" python "* ]]; then
+  # The package as a user installs it (no registry there: no isolation, no dependency fetch),
+  # its GPU tests (TP=1 in process, TP=2 spawned), and the example under torchrun.
+  stamp "python: pip install ."
+  CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
+    --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip.log" 2>&1
+  echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  stamp "python: pytest"
+  PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -q -rs python/tests > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
+  stamp "python: example"
+  PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
+    --tokens 16 > "$OUT/example.log" 2>&1
+  echo "example rc=$?"; tail -6 "$OUT/example.log"
+fi
 if [[ " $stages " == *" profile "* ]]; then
   stamp "ncu: the TP=1 consumer at M=1"
   timeout 240 ncu --clock-control none -k regex:mhc_consumer_kernel --launch-count 2 \

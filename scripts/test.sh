@@ -11,6 +11,6 @@ ctest --test-dir "$build" --output-on-failure "$@" || status=$?
 log="$build/Testing/Temporary/LastTest.log"
 if [ -f "$log" ] && grep -q "SKIPPED" "$log"; then
   echo "skip reasons:"
-  grep -h -v "Regex" "$log" | grep -o "SKIPPED: .*" | sort -u | sed 's/^/  /'
+  grep -h -v "Regex" "$log" | grep -E -o "SKIPPED(: | \[[0-9]+\] ).*" | sort -u | sed 's/^/  /'
 fi
 exit $status

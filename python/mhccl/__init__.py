@@ -1,0 +1,15 @@
+"""mhccl: fused tensor-parallel collectives for mHC models (DeepSeek V4.1 decode).
+
+Lamport all-reduce fused with the mHC post-mix, the collapse with the carried pre-mix, RMSNorm and
+an optional MXFP8 layer input (``AllReduceMHC``, also with the MoE finalize folded into its
+publish), and a Lamport all-gather (``LamportAllGather``), over the NVLink GPUs of one node.
+The interface is the one of the DSV4.1 engine modules these replace: change the import.
+
+``import mhccl`` needs neither a GPU nor PyTorch; the ops need both (PyTorch tensors in and out,
+CUDA devices, and ``torch.distributed`` for the collective construction).
+"""
+
+from ._api import AllReduceMHC, LamportAllGather, mxfp8_scale_bytes
+
+__all__ = ["AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes"]
+__version__ = "0.1.0"

@@ -1,0 +1,266 @@
+// mhccl._mhccl: the nanobind binding of the C++ API. Thin: tensors arrive as nb::ndarray (the
+// DLPack protocol, no copy) and become DLTensor views; streams arrive as integers; mhccl::Error
+// becomes ValueError (argument errors) or RuntimeError (everything else) with its message. The
+// user-facing classes (output allocation, torch streams, torch.distributed bootstrap) are in
+// python/mhccl/_api.py.
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include "mhccl/all_gather.h"
+#include "mhccl/all_reduce_mhc.h"
+#include "mhccl/checks.h"
+#include "mhccl/communicator.h"
+#include "mhccl/error.h"
+#include "mhccl/mxfp8.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+using Array = nb::ndarray<>;
+using MaybeArray = std::optional<nb::ndarray<>>;
+
+// A DLTensor view of an array, with its own shape and stride storage.
+class View {
+ public:
+  explicit View(const Array& a) : shape_(a.ndim()), strides_(a.ndim()) {
+    for (size_t i = 0; i < a.ndim(); ++i) {
+      shape_[i] = static_cast<int64_t>(a.shape(i));
+      strides_[i] = a.stride(i);
+    }
+    t_.data = a.data();  // nanobind's data() already includes the byte offset
+    t_.byte_offset = 0;
+    t_.ndim = static_cast<int>(a.ndim());
+    t_.shape = shape_.data();
+    t_.strides = strides_.data();
+    const auto dt = a.dtype();
+    t_.dtype = DLDataType{dt.code, dt.bits, dt.lanes};
+    t_.device = DLDevice{static_cast<DLDeviceType>(a.device_type()), a.device_id()};
+  }
+  View(const View&) = delete;
+  const DLTensor* get() const { return &t_; }
+
+ private:
+  std::vector<int64_t> shape_, strides_;
+  DLTensor t_{};
+};
+
+// Optional arrays become optional views (nullptr when absent).
+struct Views {
+  std::vector<std::unique_ptr<View>> owned;
+  const DLTensor* operator()(const MaybeArray& a) {
+    if (!a) return nullptr;
+    owned.push_back(std::make_unique<View>(*a));
+    return owned.back()->get();
+  }
+  const DLTensor* operator()(const Array& a) {
+    owned.push_back(std::make_unique<View>(a));
+    return owned.back()->get();
+  }
+};
+
+mhccl::Protocol parse_protocol(const std::string& p) {
+  if (p == "auto") return mhccl::Protocol::kAuto;
+  if (p == "one-shot") return mhccl::Protocol::kOneShot;
+  if (p == "two-shot") return mhccl::Protocol::kTwoShot;
+  if (p == "nccl") return mhccl::Protocol::kNccl;
+  throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
+                     "protocol: expected 'auto', 'one-shot', 'two-shot' or 'nccl', got '" + p + "'");
+}
+
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t max_num_tokens,
+                                      int top_k, bool quantize, bool residual_only,
+                                      int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
+                                      bool enable_pdl) {
+  mhccl::AllReduceMHCConfig c;
+  c.hidden_size = hidden_size;
+  c.hc_mult = hc_mult;
+  c.max_num_tokens = max_num_tokens;
+  c.top_k = top_k;
+  c.quantize_layer_input = quantize;
+  c.residual_only = residual_only;
+  c.two_shot_min_rows = two_shot_min_rows;
+  c.two_shot_min_finalize_rows = two_shot_min_finalize_rows;
+  c.enable_pdl = enable_pdl;
+  return c;
+}
+
+mhccl::MHCEpilogueArgs epilogue(Views& v, const Array& residual, const Array& post, const Array& comb,
+                                const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
+                                const Array& residual_out, const MaybeArray& layer_input,
+                                const MaybeArray& values, const MaybeArray& scales) {
+  mhccl::MHCEpilogueArgs e;
+  e.residual = v(residual);
+  e.post = v(post);
+  e.comb = v(comb);
+  e.pre = v(pre);
+  e.norm_weight = v(norm_weight);
+  e.eps = static_cast<float>(eps);
+  e.residual_out = v(residual_out);
+  e.layer_input = v(layer_input);
+  e.mxfp8_values = v(values);
+  e.mxfp8_scales = v(scales);
+  return e;
+}
+
+}  // namespace
+
+NB_MODULE(_mhccl, m) {
+  m.doc() = "mhccl's C++ API (internal; use the mhccl package)";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const mhccl::Error& e) {
+      PyErr_SetString(e.is_argument_error() ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+    }
+  });
+
+  m.def("mxfp8_scale_bytes", &mhccl::mxfp8_scale_bytes, nb::arg("m"), nb::arg("hidden"));
+
+  m.def("unique_id", [] {
+    const ncclUniqueId id = mhccl::Communicator::make_unique_id();
+    return nb::bytes(id.internal, sizeof id.internal);
+  }, "A fresh NCCL unique id (128 bytes), made by rank 0 and handed to every rank.");
+
+  nb::class_<mhccl::Communicator>(m, "Communicator")
+      .def("__init__", [](mhccl::Communicator* self, nb::bytes id, int rank, int tp, int device,
+                          uint64_t wait_timeout_ms, bool force_nccl_fallback) {
+             ncclUniqueId uid;
+             if (id.size() != sizeof uid.internal) {
+               throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
+                                  "id: expected the 128 bytes of an NCCL unique id, got " +
+                                      std::to_string(id.size()));
+             }
+             std::memcpy(uid.internal, id.c_str(), sizeof uid.internal);
+             mhccl::CommunicatorOptions o;
+             if (wait_timeout_ms > 0) o.wait_timeout_ms = wait_timeout_ms;
+             o.force_nccl_fallback = force_nccl_fallback;
+             nb::gil_scoped_release release;  // collective: the other ranks' threads run meanwhile
+             new (self) mhccl::Communicator(uid, rank, tp, device, o);
+           },
+           nb::arg("id"), nb::arg("rank"), nb::arg("tp"), nb::arg("device"),
+           nb::arg("wait_timeout_ms") = 0, nb::arg("force_nccl_fallback") = false)
+      .def_prop_ro("rank", &mhccl::Communicator::rank)
+      .def_prop_ro("tp", &mhccl::Communicator::tp)
+      .def_prop_ro("device", &mhccl::Communicator::device)
+      .def_prop_ro("peers_reachable", &mhccl::Communicator::peers_reachable)
+      .def_prop_ro("usable", &mhccl::Communicator::usable)
+      .def("check_errors", &mhccl::Communicator::check_errors);
+
+  nb::class_<mhccl::AllReduceMHC>(m, "AllReduceMHC")
+      .def("__init__", [](mhccl::AllReduceMHC* self, mhccl::Communicator& comm, int64_t hidden_size,
+                          int hc_mult, int64_t max_num_tokens, int top_k, bool quantize_layer_input,
+                          bool residual_only, int64_t two_shot_min_rows,
+                          int64_t two_shot_min_finalize_rows, bool enable_pdl) {
+             const auto cfg = make_config(hidden_size, hc_mult, max_num_tokens, top_k,
+                                          quantize_layer_input, residual_only, two_shot_min_rows,
+                                          two_shot_min_finalize_rows, enable_pdl);
+             nb::gil_scoped_release release;
+             new (self) mhccl::AllReduceMHC(comm, cfg);
+           },
+           nb::arg("comm"), nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"),
+           nb::arg("top_k"), nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false,
+           nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
+           nb::arg("enable_pdl") = true, nb::keep_alive<1, 2>())
+      .def("call", [](mhccl::AllReduceMHC& op, const Array& x, const Array& residual, const Array& post,
+                      const Array& comb, const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
+                      const Array& residual_out, const MaybeArray& layer_input, const MaybeArray& values,
+                      const MaybeArray& scales, uintptr_t stream, const std::string& protocol) {
+             Views v;
+             mhccl::AllReduceMHCCallArgs a;
+             a.x = v(x);
+             a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
+                                   layer_input, values, scales);
+             a.protocol = parse_protocol(protocol);
+             op.call(a, as_stream(stream));
+           },
+           nb::arg("x"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
+           nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
+           nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none(),
+           nb::arg("stream"), nb::arg("protocol") = "auto")
+      .def("finalize", [](mhccl::AllReduceMHC& op, const Array& gemm2, const Array& weights,
+                          const Array& routes, const Array& shared, const Array& residual,
+                          const Array& post, const Array& comb, const MaybeArray& pre,
+                          const MaybeArray& norm_weight, double eps, const Array& residual_out,
+                          const MaybeArray& layer_input, const MaybeArray& values,
+                          const MaybeArray& scales, uintptr_t stream, const std::string& protocol) {
+             Views v;
+             mhccl::AllReduceMHCFinalizeArgs a;
+             a.gemm2_permuted = v(gemm2);
+             a.expert_weights = v(weights);
+             a.expanded_idx_to_permuted_idx = v(routes);
+             a.shared_output = v(shared);
+             a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
+                                   layer_input, values, scales);
+             a.protocol = parse_protocol(protocol);
+             op.finalize(a, as_stream(stream));
+           },
+           nb::arg("gemm2_permuted"), nb::arg("expert_weights"), nb::arg("expanded_idx_to_permuted_idx"),
+           nb::arg("shared_output"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"),
+           nb::arg("pre").none(), nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
+           nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none(),
+           nb::arg("stream"), nb::arg("protocol") = "auto")
+      .def("protocol_for", [](const mhccl::AllReduceMHC& op, int64_t m, bool finalize) {
+             return std::string(mhccl::protocol_name(op.protocol_for(m, finalize)));
+           }, nb::arg("m"), nb::arg("finalize") = false)
+      .def_prop_ro("two_shot_min_rows", [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_rows; })
+      .def_prop_ro("two_shot_min_finalize_rows",
+                   [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_finalize_rows; })
+      .def_prop_ro("mailbox_bytes", &mhccl::AllReduceMHC::mailbox_bytes);
+
+  nb::class_<mhccl::LamportAllGather>(m, "LamportAllGather")
+      .def("__init__", [](mhccl::LamportAllGather* self, mhccl::Communicator& comm, int64_t capacity) {
+             nb::gil_scoped_release release;
+             new (self) mhccl::LamportAllGather(comm, capacity);
+           }, nb::arg("comm"), nb::arg("rank_capacity_bytes"), nb::keep_alive<1, 2>())
+      .def("accepts", [](const mhccl::LamportAllGather& op, const Array& t) { return op.accepts(*View(t).get()); })
+      .def("call", [](mhccl::LamportAllGather& op, const Array& in, const Array& out, uintptr_t stream) {
+             op.call(*View(in).get(), *View(out).get(), as_stream(stream));
+           }, nb::arg("inp"), nb::arg("out"), nb::arg("stream"))
+      .def_prop_ro("rank_capacity_bytes", &mhccl::LamportAllGather::rank_capacity_bytes)
+      .def_prop_ro("mailbox_bytes", &mhccl::LamportAllGather::mailbox_bytes);
+
+  // The host-side checks, callable without a GPU (what every op runs before its first launch).
+  m.def("check_config", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
+                           bool quantize_layer_input, bool residual_only, int tp) {
+          mhccl::check_all_reduce_mhc_config(
+              make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
+                          residual_only, 0, 0, true), tp);
+        }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
+        nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false, nb::arg("tp") = 1);
+  m.def("check_call", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
+                         bool quantize_layer_input, bool residual_only, int device, const Array& x,
+                         const Array& residual, const Array& post, const Array& comb, const MaybeArray& pre,
+                         const MaybeArray& norm_weight, double eps, const Array& residual_out,
+                         const MaybeArray& layer_input, const MaybeArray& values, const MaybeArray& scales) {
+          Views v;
+          mhccl::AllReduceMHCCallArgs a;
+          a.x = v(x);
+          a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
+                                layer_input, values, scales);
+          return mhccl::check_all_reduce_mhc_call(
+              make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
+                          residual_only, 0, 0, true), device, a);
+        }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
+        nb::arg("quantize_layer_input"), nb::arg("residual_only"), nb::arg("device"), nb::arg("x"),
+        nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
+        nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
+        nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none());
+  m.def("check_all_gather", [](int64_t capacity, int tp, int device, const Array& in, const Array& out) {
+          mhccl::check_all_gather_config(capacity);
+          return mhccl::check_all_gather_call(capacity, tp, device, *View(in).get(), *View(out).get());
+        }, nb::arg("rank_capacity_bytes"), nb::arg("tp"), nb::arg("device"), nb::arg("inp"), nb::arg("out"));
+  m.def("all_gather_accepts", [](int64_t capacity, const Array& in) {
+          return mhccl::all_gather_accepts(capacity, *View(in).get());
+        }, nb::arg("rank_capacity_bytes"), nb::arg("inp"));
+}

@@ -1,0 +1,100 @@
+"""The Python package without a GPU: it imports, its pure parts compute, and argument errors
+surface as ValueError with the C++ message (NumPy arrays stand in for tensors through DLPack)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import mhccl
+from mhccl import _api
+
+
+def test_import_needs_no_gpu_and_no_torch():
+    import subprocess
+
+    probe = "import sys, mhccl; print('torch' in sys.modules, 'mhccl._mhccl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]  # neither torch nor the extension is loaded
+    assert mhccl.__version__
+    assert set(mhccl.__all__) == {"AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes"}
+
+
+@pytest.mark.parametrize("m,h,want", [(1, 5120, 512 * 1 * 40), (300, 5120, 512 * 3 * 40),
+                                      (128, 5120, 512 * 40), (129, 64, 512 * 2 * 1),
+                                      (1, 2880, 512 * 23)])
+def test_mxfp8_scale_bytes(m, h, want):
+    assert mhccl.mxfp8_scale_bytes(m, h) == want
+    assert _api._lib().mxfp8_scale_bytes(m, h) == want  # the C++ definition agrees
+
+
+def test_mxfp8_scale_bytes_rejects_bad_hidden():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        mhccl.mxfp8_scale_bytes(4, 5120 + 8)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(hidden_size=5124), "hidden_size: expected a positive multiple of 8"),
+    (dict(hidden_size=5128, quantize_layer_input=True), "multiple of 32"),
+    (dict(hc_mult=3), "hc_mult: expected 1, 2, 4 or 8"),
+    (dict(top_k=17), "top_k: expected 1..16"),
+    (dict(max_num_tokens=0), "max_num_tokens"),
+])
+def test_config_errors_are_value_errors(kwargs, message):
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        mhccl.AllReduceMHC(**args)
+
+
+def test_all_gather_capacity_error():
+    with pytest.raises(ValueError, match="positive multiple of 16"):
+        mhccl.LamportAllGather(rank_capacity_bytes=100, device=0)
+
+
+def _call_args(m=4, h=64, hc=4):
+    f32 = np.float32
+    return dict(x=np.zeros((m, h), np.uint16), residual=np.zeros((m, hc, h), np.uint16),
+                post=np.zeros((m, hc), f32), comb=np.zeros((m, hc, hc), f32),
+                pre=np.zeros((m, hc), f32), norm_weight=np.zeros((h,), np.uint16), eps=1e-6,
+                residual_out=np.zeros((m, hc, h), np.uint16), layer_input=np.zeros((m, h), np.uint16),
+                mxfp8_values=None, mxfp8_scales=None)
+
+
+def _check_call(**override):
+    args = _call_args()
+    args.update(override)
+    return _api._lib().check_call(64, 4, 16, 6, False, True, 0, **args)
+
+
+def test_call_argument_errors_name_the_argument():
+    # NumPy has no bfloat16: a uint16 x is the wrong dtype, which is checked first.
+    with pytest.raises(ValueError, match=r"x: expected dtype bfloat16, got uint16"):
+        _check_call()
+    with pytest.raises(ValueError, match=r"x: expected dtype bfloat16, got float32"):
+        _check_call(x=np.zeros((4, 64), np.float32))
+
+
+def test_all_gather_argument_errors():
+    lib = _api._lib()
+    inp = np.zeros((4, 4), np.float32)  # 64 bytes
+    out = np.zeros((8, 4), np.float32)
+    with pytest.raises(ValueError, match=r"from 16 to 32 \(rank_capacity_bytes\), got 64 bytes"):
+        lib.check_all_gather(32, 2, 0, inp, out)
+    with pytest.raises(ValueError, match=r"input: expected a CUDA tensor on device cuda:0, got device type 1"):
+        lib.check_all_gather(4096, 2, 0, inp, out)
+    assert lib.all_gather_accepts(64, inp)
+    assert not lib.all_gather_accepts(48, inp)
+    assert not lib.all_gather_accepts(4096, np.zeros((3, 3), np.uint16))  # 18 bytes
+
+
+def test_ops_without_a_gpu_raise_runtime_error():
+    try:
+        import torch  # noqa: F401
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("a CUDA device is present: the GPU tests cover construction")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)

@@ -1,0 +1,214 @@
+"""The Python package on GPUs, against a float64 PyTorch reference written here from SPEC.md:
+every op and variant, TP=1 in this process and TP=2 in two spawned processes; PyTorch CUDA-graph
+capture; a non-default stream; identical results on every rank. Skipped without PyTorch or GPUs."""
+
+import math
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the GPU tests need PyTorch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import mhccl  # noqa: E402
+
+H, HC, TOP_K = 5120, 4, 6
+
+
+def make_inputs(seed, m, tp, finalize, device):
+    """Every rank's inputs of one call (each rank rebuilds all of them from the seed)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bf = torch.bfloat16
+    inp = {"residual": torch.randn(m, HC, H, generator=g).to(bf),
+           "post": 2 * torch.sigmoid(torch.randn(m, HC, generator=g)),
+           "pre": torch.sigmoid(torch.randn(m, HC, generator=g)) + 1e-6,
+           "norm_weight": (1 + 0.3 * torch.randn(H, generator=g)).to(bf)}
+    k = torch.randn(m, HC, HC, generator=g).double().exp()
+    for _ in range(20):  # Sinkhorn: rows, then columns, sum to 1
+        k = k / k.sum(-1, keepdim=True)
+        k = k / k.sum(-2, keepdim=True)
+    inp["comb"] = k.float()
+    ranks = []
+    for _ in range(tp):
+        if not finalize:
+            ranks.append({"x": (torch.randn(m, H, generator=g) / math.sqrt(tp)).to(bf)})
+        else:
+            rows = m * TOP_K
+            routes = torch.randperm(rows, generator=g).view(m, TOP_K).to(torch.int32)
+            routes[torch.rand(m, TOP_K, generator=g) < 0.33] = -1
+            ranks.append({"gemm2": torch.randn(rows, H, generator=g).to(bf),
+                          "weights": torch.rand(m, TOP_K, generator=g) / TOP_K,
+                          "routes": routes,
+                          "shared": (0.5 * torch.randn(m, H, generator=g)).to(bf)})
+    to = lambda d: {key: v.to(device) for key, v in d.items()}  # noqa: E731
+    return to(inp), [to(r) for r in ranks]
+
+
+def rank_x64(r):
+    """This rank's partial output in float64 (finalize: the top-k reduction + shared expert)."""
+    if "x" in r:
+        return r["x"].double()
+    acc = r["shared"].double()
+    valid = r["routes"] >= 0
+    rows = r["gemm2"].double()[r["routes"].clamp(min=0).long()]  # [M, K, H]
+    w = torch.where(valid, r["weights"].double(), torch.zeros_like(r["weights"].double()))
+    return acc + (w[:, :, None] * rows).sum(1)
+
+
+def bf16_ulp(v):
+    e = torch.floor(torch.log2(v.abs().clamp(min=2.0 ** -126)))
+    return torch.pow(2.0, e - 7)
+
+
+def check(inp, ranks, residual_out, layer_input, eps, mxfp8=None):
+    """residual_out and layer_input against float64, MXFP8 bytes against a float64 quantization of
+    the layer input the op returned."""
+    y = sum(rank_x64(r) for r in ranks)
+    if "x" not in ranks[0]:  # each rank's x is rounded to BF16 before the sum (SPEC)
+        y = sum(rank_x64(r).to(torch.bfloat16).double() for r in ranks)
+    y = y.to(torch.bfloat16).double()
+    res = inp["residual"].double()
+    terms = inp["post"].double()[:, :, None] * y[:, None, :]
+    mix = torch.einsum("mst,msh->mth", inp["comb"].double(), res)
+    ref = terms + mix
+    scale = terms.abs() + torch.einsum("mst,msh->mth", inp["comb"].double().abs(), res.abs())
+    # The kernel rounds in FP32 where this sums in float64: y may differ by one BF16 ulp (a tie),
+    # the streams by one ulp of their own plus FP32's error over the terms.
+    y_slack = inp["post"].double()[:, :, None] * bf16_ulp(y)[:, None, :]
+    err = (residual_out.double() - ref).abs()
+    assert bool((err <= bf16_ulp(ref) + y_slack + 1e-6 * scale).all()), f"residual_out off by {err.max().item()}"
+    if layer_input is None:
+        return
+    c = torch.einsum("mt,mth->mh", inp["pre"].double(), residual_out.double())
+    li = c * torch.rsqrt((c * c).mean(-1, keepdim=True) + eps) * inp["norm_weight"].double()
+    tol = bf16_ulp(li) + 1e-5 * li.abs().amax(-1, keepdim=True)
+    assert bool(((layer_input.double() - li).abs() <= tol).all()), "layer_input off"
+    if mxfp8 is None:
+        return
+    values, scales = mxfp8
+    m = layer_input.shape[0]
+    blocks = layer_input.double().view(m, H // 32, 32)
+    amax = blocks.abs().amax(-1)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp(min=-127)
+    e = torch.where(amax == 0, torch.full_like(e, -127), e)
+    q = (blocks / torch.pow(2.0, e)[:, :, None]).float().to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(values.view(torch.uint8).cpu(), q.view(m, H).cpu()), "mxfp8 values differ"
+    want = torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.uint8)
+    s = H // 32
+    for r in range(m):
+        for k in range(s):
+            off = (r // 128 * ((s + 3) // 4) + k // 4) * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + k % 4
+            want[off] = int(e[r, k].item()) + 127
+    assert torch.equal(scales.view(torch.uint8).cpu(), want), "mxfp8 scales differ"
+
+
+def run(op, inp, mine, finalize, variant, m):
+    args = (inp["residual"], inp["post"], inp["comb"],
+            None if variant == "residual" else inp["pre"],
+            None if variant == "residual" else inp["norm_weight"], 1e-6)
+    mx = None
+    if variant == "mxfp8":
+        mx = (torch.empty(m, H, dtype=torch.float8_e4m3fn, device=inp["residual"].device),
+              torch.empty(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.uint8, device=inp["residual"].device))
+    if finalize:
+        out = op.finalize(mine["gemm2"], mine["weights"], mine["routes"], mine["shared"], *args, mxfp8_out=mx)
+    else:
+        out = op(mine["x"], *args, mxfp8_out=mx)
+    return out, mx
+
+
+def every_variant(tp, rank, device):
+    op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=128, top_k=TOP_K, device=device,
+                            quantize_layer_input=True, residual_only=True)
+    hashes = []
+    seed = 1
+    for finalize in (False, True):
+        for variant in ("plain", "mxfp8", "residual"):
+            for m in (1, 7, 64, 128):
+                inp, ranks = make_inputs(seed, m, tp, finalize, device)
+                seed += 1
+                (res_out, li), mx = run(op, inp, ranks[rank], finalize, variant, m)
+                torch.cuda.synchronize()
+                check(inp, ranks, res_out, li, 1e-6, mx)
+                hashes.append(float(res_out.double().sum().item()))
+    return op, hashes
+
+
+def graph_and_stream(op, tp, rank, device):
+    # Three calls captured in one PyTorch CUDA graph, replayed with new inputs copied in.
+    static = [make_inputs(900 + i, m, tp, False, device) for i, m in enumerate((3, 16, 70))]
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):  # an eager call first, on the side stream
+        run(op, static[0][0], static[0][1][rank], False, "plain", 3)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [run(op, inp, ranks[rank], False, "plain", inp["residual"].shape[0])[0] for inp, ranks in static]
+    for rep in range(5):
+        fresh = [make_inputs(1000 + 3 * rep + i, inp["residual"].shape[0], tp, False, device)
+                 for i, (inp, _) in enumerate(static)]
+        for (inp, ranks), (new_inp, new_ranks) in zip(static, fresh):
+            for key in inp:
+                inp[key].copy_(new_inp[key])
+            for r in range(tp):
+                ranks[r]["x"].copy_(new_ranks[r]["x"])
+        graph.replay()
+        torch.cuda.synchronize()
+        for (inp, ranks), (res_out, li) in zip(static, outs):
+            check(inp, ranks, res_out, li, 1e-6)
+    # A call on a non-default stream.
+    inp, ranks = make_inputs(77, 5, tp, True, device)
+    with torch.cuda.stream(stream):
+        (res_out, li), _ = run(op, inp, ranks[rank], True, "plain", 5)
+    stream.synchronize()
+    check(inp, ranks, res_out, li, 1e-6)
+
+
+def all_gather(tp, rank, device):
+    ag = mhccl.LamportAllGather(rank_capacity_bytes=1 << 20, device=device)
+    for n in (4, 1024, 65536):
+        parts = [torch.randn(n, generator=torch.Generator().manual_seed(50 + r)).to(device) for r in range(tp)]
+        out = ag(parts[rank])
+        torch.cuda.synchronize()
+        want = torch.cat(parts)
+        want[want.view(torch.int32) == -2 ** 31] = 0.0  # FP32 -0.0 arrives as +0.0
+        assert torch.equal(out, want)
+    assert ag.accepts(torch.empty(16, dtype=torch.uint8)) and not ag.accepts(torch.empty(8, dtype=torch.uint8))
+
+
+def test_tp1_every_variant_graph_stream_all_gather():
+    op, _ = every_variant(1, 0, torch.device("cuda", 0))
+    graph_and_stream(op, 1, 0, torch.device("cuda", 0))
+    all_gather(1, 0, torch.device("cuda", 0))
+
+
+def _tp2_worker(rank, init_file, result_file):
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    device = torch.device("cuda", rank)
+    op, hashes = every_variant(2, rank, device)
+    graph_and_stream(op, 2, rank, device)
+    all_gather(2, rank, device)
+    mine = torch.tensor(hashes, dtype=torch.float64, device=device)
+    both = [torch.empty_like(mine) for _ in range(2)]
+    dist.all_gather(both, mine)
+    assert torch.equal(both[0], both[1]), "ranks differ"
+    if rank == 0:
+        with open(result_file, "w") as f:
+            f.write("ok")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 needs 2 GPUs")
+def test_tp2_every_variant_graph_stream_all_gather():
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        result = os.path.join(d, "result")
+        mp.spawn(_tp2_worker, args=(os.path.join(d, "init"), result), nprocs=2, join=True)
+        assert open(result).read() == "ok"
