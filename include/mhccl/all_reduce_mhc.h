@@ -2,7 +2,8 @@
 // with the carried pre-mix, RMSNorm and an optional MXFP8 layer input (SPEC.md, AllReduceMHC);
 // `finalize` also folds the MoE top-k reduction and the shared expert into the publish.
 //
-// One call = one publish launch + one consumer launch (two-shot adds the owners' reduce).
+// One call = one launch for small M (the consumer publishes its own row first, then polls), a
+// publish + a consumer launch above that, and the owners' reduce between them for two-shot.
 // Algorithm: the one-shot ("LL") and two-shot ("BT") Lamport protocols of TensorRT-LLM /
 // FlashInfer all-reduce fusion, here over unicast NVLink peer mappings of NCCL symmetric
 // windows (no multicast); invariants in docs/PROTOCOL.md.
