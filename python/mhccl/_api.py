@@ -240,8 +240,7 @@ class LamportAllGather:
 
     def __init__(self, *, rank_capacity_bytes: int, device: Any, group: Any = None) -> None:
         lib = _lib()
-        if rank_capacity_bytes <= 0 or rank_capacity_bytes % 16:
-            raise ValueError(f"rank_capacity_bytes: expected a positive multiple of 16, got {rank_capacity_bytes}")
+        lib.check_all_gather_config(rank_capacity_bytes)  # before the collective construction
         self.rank_capacity_bytes = rank_capacity_bytes
         self._device = _device_index(device)
         self._comm = _communicator(group, self._device)

@@ -256,6 +256,7 @@ NB_MODULE(_mhccl, m) {
         nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
         nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
         nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none());
+  m.def("check_all_gather_config", &mhccl::check_all_gather_config, nb::arg("rank_capacity_bytes"));
   m.def("check_all_gather", [](int64_t capacity, int tp, int device, const Array& in, const Array& out) {
           mhccl::check_all_gather_config(capacity);
           return mhccl::check_all_gather_call(capacity, tp, device, *View(in).get(), *View(out).get());

@@ -131,19 +131,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   }
   v = publishable<Bf16Lanes>(v);
   if (p.dest == PublishDest::kAllRanks) {
-    const int64_t off = ((static_cast<int64_t>(gen) * p.tp + p.rank) * p.slot_rows + rp.row) * np + rp.pack;
-#pragma unroll
-    for (int i = 0; i < kMaxTp; ++i) {
-      if (i < p.tp) st_volatile(static_cast<uint4*>(p.targets[i]) + off, v);
-    }
+    store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
   } else {  // kOwner
     const int owner = static_cast<int>(rp.row % p.tp);
     void* base = p.targets[0];
 #pragma unroll
     for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
-    const int64_t off =
-        ((static_cast<int64_t>(gen) * p.tp + p.rank) * p.slot_rows + rp.row / p.tp) * np + rp.pack;
-    st_volatile(static_cast<uint4*>(base) + off, v);
+    st_volatile(static_cast<uint4*>(base) +
+                    mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row / p.tp, p.np, rp.pack), v);
   }
 }
 
@@ -233,14 +228,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   if constexpr (IN == ConsumerInput::kPoll) {
     g = read_generation(p.state);
     if (p.publish_first && rp.active) {  // single-launch one-shot: this rank's row goes out first
-      uint4 v = mine;
-      v = publishable<Bf16Lanes>(v);
-      const int64_t off =
-          ((static_cast<int64_t>(g.current) * p.tp + p.rank) * p.slot_rows + row) * np + pack;
-#pragma unroll
-      for (int i = 0; i < kMaxTp; ++i) {
-        if (i < p.tp) st_volatile(static_cast<uint4*>(p.targets[i]) + off, v);
-      }
+      store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
+                     publishable<Bf16Lanes>(mine));
     }
   }
   pdl_launch_dependents();  // after the state read: dependents start the next call
@@ -375,8 +364,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
                              p.tp, contrib_packs, owned_prev * np);
     }
+    arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
   }
-  if constexpr (IN == ConsumerInput::kPoll) arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
 }
 
 // --- Dispatch -------------------------------------------------------------------------------

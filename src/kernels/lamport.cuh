@@ -76,6 +76,23 @@ __device__ __forceinline__ uint4 publishable(uint4 v) {
                     Lanes::publishable(v.w));
 }
 
+// --- Publishing -------------------------------------------------------------------------------
+// Pack offset of slot [gen][source][row] in a mailbox of `slot_rows` rows per (gen, source).
+__device__ __forceinline__ int64_t mailbox_offset(uint32_t gen, int tp, int source, int64_t slot_rows,
+                                                  int64_t row, int np, int pack) {
+  return ((static_cast<int64_t>(gen) * tp + source) * slot_rows + row) * np + pack;
+}
+
+// Stores `v` at pack `off` of each of the tp mailboxes in `targets` (an array of the kernel's
+// parameters, indexed with compile-time indices only, so it stays in parameter space).
+__device__ __forceinline__ void store_to_ranks(void* const (&targets)[kMaxTp], int tp, int64_t off,
+                                               uint4 v) {
+#pragma unroll
+  for (int i = 0; i < kMaxTp; ++i) {
+    if (i < tp) st_volatile(static_cast<uint4*>(targets[i]) + off, v);
+  }
+}
+
 // --- Errors ----------------------------------------------------------------------------------
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,

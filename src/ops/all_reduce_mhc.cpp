@@ -148,6 +148,8 @@ struct AllReduceMHC::Impl {
       pp.fin.top_k = cfg.top_k;
     }
     cp.fin = pp.fin;
+    cp.x = pp.x;       // a single-launch consumer publishes what the publish kernel would
+    cp.rank = c.rank;
     pp.m = m;
     pp.np = np;
     pp.tiling = cp.tiling;
@@ -176,9 +178,7 @@ struct AllReduceMHC::Impl {
                           (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
       if (single) {
         cp.publish_first = true;
-        cp.x = pp.x;
         for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
-        cp.rank = c.rank;
       } else {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
         cp.wait_predecessor = false;
@@ -212,7 +212,6 @@ struct AllReduceMHC::Impl {
       cp.in = bt_reduced->local();
       cp.contributions = bt_mailbox->local();
       cp.owner_rows = owner_rows;
-      cp.rank = c.rank;
       cp.nslots = 1;
       cp.slot_rows = cfg.max_num_tokens;
       cp.state = &states[1];

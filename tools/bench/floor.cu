@@ -32,9 +32,7 @@ __global__ void floor_publish(const FloorParams p) {
   if (!rp.active) return;
   const uint4 v = publishable<Bf16Lanes>(ld_input(p.x + rp.row * p.np + rp.pack));
   const uint32_t gen = p.state->generation;
-  const int64_t off = ((int64_t(gen) * p.tp + p.rank) * p.capacity + rp.row) * p.np + rp.pack;
-#pragma unroll
-  for (int i = 0; i < kMaxTp; ++i) if (i < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[i]) + off, v);
+  store_to_ranks(p.mailboxes, p.tp, mailbox_offset(gen, p.tp, p.rank, p.capacity, rp.row, p.np, rp.pack), v);
 }
 
 __global__ void floor_poll(const FloorParams p) {
@@ -46,9 +44,7 @@ __global__ void floor_poll(const FloorParams p) {
   const Generation g = read_generation(p.state);
   if (p.single_launch && rp.active) {  // publish first: one launch, as the library's small-M path
     const uint4 v = publishable<Bf16Lanes>(mine);
-    const int64_t off = ((int64_t(g.current) * p.tp + p.rank) * p.capacity + rp.row) * p.np + rp.pack;
-#pragma unroll
-    for (int i = 0; i < kMaxTp; ++i) if (i < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[i]) + off, v);
+    store_to_ranks(p.mailboxes, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.capacity, rp.row, p.np, rp.pack), v);
   }
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t slot = p.capacity * p.np;
