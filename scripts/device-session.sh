@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
-# TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, bench,
-# sanitize (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+# TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
+# python, sanitize, profile, bench, sweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -29,7 +29,13 @@ if [[ " $stages " == *" tests "* ]]; then
   stamp "gpu tests (TP=1 and TP=2 as two ranks)"
   timeout 500 "$B/tools/mhccl-launch" -n 2 --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
   echo "gpu tests rc=$?"
-  grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran)" "$OUT/gpu.log" | head -60
+  grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
+  grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
+fi
+if [[ " $stages " == *" deadpeer "* ]]; then
+  stamp "dead peer: rank 1 SIGKILLs itself; rank 0 must report it and exit"
+  timeout 200 "$B/tools/mhccl-launch" -n 2 --grace 60 --timeout 180 -- "$B/tests/gpu/mhccl_dead_peer_test" > "$OUT/deadpeer.log" 2>&1
+  echo "dead peer launcher rc=$? (137: the dead rank's SIGKILL)"; grep -E "dead peer:|dying|mhccl-launch" "$OUT/deadpeer.log" | head -8
 fi
 if [[ " $stages " == *" python "* ]]; then
   # The package as a user installs it (no registry there: no isolation, no dependency fetch),
@@ -39,12 +45,38 @@ if [[ " $stages " == *" python "* ]]; then
     --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip.log" 2>&1
   echo "pip rc=$?"; tail -3 "$OUT/pip.log"
   stamp "python: pytest"
-  PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -q -rs python/tests > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?"; tail -15 "$OUT/pytest.log"
+  for t in test_cpu test_gpu; do
+    PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
+    rc=$?; echo "pytest $t rc=$rc"; grep -vE "^\s+File|^\s*$" "$OUT/pytest-$t.log" | tail -12
+    if [[ $rc -ge 128 ]]; then  # a crash: the native stack of it (cuda-gdb debugs host code too)
+      PYTHONPATH=/tmp/mhccl-py timeout 200 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
+        python3 -m pytest -p no:cacheprovider -q -x python/tests/$t.py > "$OUT/gdb-$t.log" 2>&1
+      grep -E "^#[0-9]+ " "$OUT/gdb-$t.log" | head -25
+    fi
+  done
   stamp "python: example"
   PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
     --tokens 16 > "$OUT/example.log" 2>&1
   echo "example rc=$?"; tail -6 "$OUT/example.log"
+fi
+if [[ " $stages " == *" sanitize "* ]]; then
+  # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck at TP=1 and TP=2,
+  # racecheck and synccheck at TP=1 (shared memory and barriers do not depend on the peer).
+  # API errors are not reported: NCCL's init probes kernels with cudaFuncGetAttributes and gets
+  # cudaErrorNoKernelImageForDevice for images it does not carry (handled inside NCCL).
+  SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
+  san() {  # tool tp filter
+    local log="$OUT/sanitize-$1-tp$2.log"
+    local cmd=(compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 --print-limit 20 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 "--gtest_filter=$3")
+    stamp "compute-sanitizer --tool $1 at TP=$2"
+    if [[ $2 == 1 ]]; then MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "${cmd[@]}" > "$log" 2>&1
+    else MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "$B/tools/mhccl-launch" -n 2 --timeout $(( ${SAN_TIMEOUT:-200} - 10 )) -- "${cmd[@]}" > "$log" 2>&1; fi
+    echo "sanitize $1 tp$2 rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$log" | sort | uniq -c | head -8
+  }
+  san memcheck 1 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp1/g')"
+  san memcheck 2 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp2/g')"
+  san racecheck 1 "*Dsv41EveryVariantEveryM*tp1:*AllGather.SizesAgainstReference*tp1"
+  san synccheck 1 "*Dsv41EveryVariantEveryM*tp1:*AllGather.SizesAgainstReference*tp1"
 fi
 if [[ " $stages " == *" profile "* ]]; then
   stamp "ncu: the TP=1 consumer at M=1"
@@ -70,3 +102,5 @@ if [[ " $stages " == *" sweep "* ]]; then
   done
 fi
 stamp "done"
+# The device tool returns a few files only: every log goes back in one archive.
+( cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$') )

@@ -60,6 +60,9 @@ class Communicator {
   // leaves the communicator unusable (every later op throws Error(kUnusable) until it is
   // rebuilt), or kInvalidRoute (non-fatal; reported here only, never by an op's call, so that
   // no rank drops a call its peers make).
+  // Destruction after a peer timeout (reported or still pending in the record) waits for no
+  // peer: the ops' symmetric windows are not deregistered and an owned NCCL communicator is
+  // released with ncclCommAbort, so a rank whose peer died can tear down and exit.
   void check_errors();
   bool usable() const;
 

@@ -132,7 +132,7 @@ NB_MODULE(_mhccl, m) {
     return nb::bytes(id.internal, sizeof id.internal);
   }, "A fresh NCCL unique id (128 bytes), made by rank 0 and handed to every rank.");
 
-  nb::class_<mhccl::Communicator>(m, "Communicator")
+  nb::class_<mhccl::Communicator>(m, "Communicator", nb::is_weak_referenceable())
       .def("__init__", [](mhccl::Communicator* self, nb::bytes id, int rank, int tp, int device,
                           uint64_t wait_timeout_ms, bool force_nccl_fallback) {
              ncclUniqueId uid;

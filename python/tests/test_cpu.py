@@ -98,3 +98,8 @@ def test_ops_without_a_gpu_raise_runtime_error():
         pytest.skip("a CUDA device is present: the GPU tests cover construction")
     with pytest.raises(RuntimeError, match="no CUDA device"):
         mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+
+
+def test_communicator_is_weak_referenceable():
+    # _api keeps one communicator per (group, device) in a WeakValueDictionary.
+    assert _api._lib().Communicator.__weakrefoffset__ != 0

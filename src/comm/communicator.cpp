@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <vector>
 
 #include "comm/communicator_impl.h"
@@ -38,11 +37,11 @@ void check_nccl_version() {
   MHCCL_NCCL(ncclGetVersion(&v));
   // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
   if (v / 100 != NCCL_VERSION_CODE / 100) {
-    std::ostringstream o;
-    o << "NCCL library " << v << " does not match the headers mhccl was built with ("
-      << NCCL_VERSION_CODE << "): the device API's window layout may differ. Put the NCCL mhccl "
-      << "was built against first on the library path.";
-    throw Error(ErrorCode::kNccl, o.str());
+    throw Error(ErrorCode::kNccl, "NCCL library " + std::to_string(v) +
+                                      " does not match the headers mhccl was built with (" +
+                                      std::to_string(NCCL_VERSION_CODE) +
+                                      "): the device API's window layout may differ. Put the NCCL "
+                                      "mhccl was built against first on the library path.");
   }
 }
 
@@ -84,12 +83,26 @@ Communicator::Impl::~Impl() {
   cudaGetDevice(&prev);
   cudaSetDevice(device);
   if (setup_stream) cudaStreamSynchronize(setup_stream);
+  const bool failed = peer_failed();
   if (record) cudaFreeHost(record);
+  record = nullptr;
   if (device_words) cudaFree(device_words);
   if (barrier_word) cudaFree(barrier_word);
   if (setup_stream) cudaStreamDestroy(setup_stream);
-  if (owns_comm && comm) ncclCommDestroy(comm);
+  if (owns_comm && comm) {
+    // After a peer timeout the peers may be dead: abort, which waits for nobody.
+    if (failed) ncclCommAbort(comm);
+    else ncclCommDestroy(comm);
+  }
+  for (void* p : orphaned) ncclMemFree(p);
   if (prev >= 0) cudaSetDevice(prev);
+}
+
+bool Communicator::Impl::peer_failed() const {
+  if (unusable) return true;
+  if (record == nullptr) return false;
+  const volatile kernels::ErrorRecord* r = record;
+  return r->ready == r->epoch + 1 && r->code == kernels::kWaitTimeout;
 }
 
 kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
@@ -111,21 +124,24 @@ void Communicator::Impl::check(bool report_routes) {
   const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
                                r->generation, r->row, r->value};
   r->epoch = epoch + 1;  // consumed: the next error may be recorded
-  std::ostringstream o;
+  // Built without iostreams (see src/ops/checks.cpp).
   if (e.code == kernels::kWaitTimeout) {
-    o << op_label(e.op) << " on rank " << rank << ": waited for rank " << e.peer << " ("
-      << protocol_label(e.protocol) << ", generation " << e.generation << ", "
-      << (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") << e.row << ") longer than "
-      << options.wait_timeout_ms << " ms; rank " << e.peer
-      << " died, hung, or issued a different sequence of calls. The communicator is unusable: "
-         "destroy it and its ops and build them again";
+    const std::string peer = std::to_string(e.peer);
+    const std::string msg =
+        std::string(op_label(e.op)) + " on rank " + std::to_string(rank) + ": waited for rank " + peer +
+        " (" + protocol_label(e.protocol) + ", generation " + std::to_string(e.generation) + ", " +
+        (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") + std::to_string(e.row) +
+        ") longer than " + std::to_string(options.wait_timeout_ms) + " ms; rank " + peer +
+        " died, hung, or issued a different sequence of calls. The communicator is unusable: "
+        "destroy it and its ops and build them again";
     unusable = true;
-    unusable_reason = o.str();
-    throw Error(ErrorCode::kPeerTimeout, o.str());
+    unusable_reason = msg;
+    throw Error(ErrorCode::kPeerTimeout, msg);
   }
-  o << op_label(e.op) << " on rank " << rank << ": expanded_idx_to_permuted_idx of row " << e.row
-    << " holds " << e.value << ", outside [-1, rows of gemm2_permuted); that route was skipped";
-  throw Error(ErrorCode::kInvalidRoute, o.str());
+  throw Error(ErrorCode::kInvalidRoute,
+              std::string(op_label(e.op)) + " on rank " + std::to_string(rank) +
+                  ": expanded_idx_to_permuted_idx of row " + std::to_string(e.row) + " holds " +
+                  std::to_string(e.value) + ", outside [-1, rows of gemm2_permuted); that route was skipped");
 }
 
 void Communicator::Impl::barrier() {
@@ -252,8 +268,14 @@ SymmetricBuffer::~SymmetricBuffer() {
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
   cudaDeviceSynchronize();
-  if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
-  if (st.ptr) ncclMemFree(st.ptr);
+  if (st.comm->peer_failed() && st.comm->owns_comm) {
+    // Deregistration may wait for a dead peer: ncclCommAbort releases the window later, and
+    // the communicator frees the memory after it.
+    if (st.ptr) st.comm->orphaned.push_back(st.ptr);
+  } else {
+    if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
+    if (st.ptr) ncclMemFree(st.ptr);
+  }
   if (peers_device_) cudaFree(peers_device_);
   if (prev >= 0) cudaSetDevice(prev);
 }

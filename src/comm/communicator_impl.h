@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/params.h"
 #include "mhccl/communicator.h"
@@ -26,7 +27,13 @@ struct Communicator::Impl {
   uint32_t* device_words = nullptr;               // [0] claim, [1] abort flag
   bool unusable = false;
   std::string unusable_reason;
+  // Symmetric allocations left by buffers destroyed after a peer failed: freed only after
+  // ncclCommAbort has released their windows (deregistration may wait for the dead peer).
+  std::vector<void*> orphaned;
 
+  // A peer timed out (reported, or recorded and not yet reported): teardown must not wait for
+  // the peers (no window deregistration, ncclCommAbort instead of ncclCommDestroy).
+  bool peer_failed() const;
   ~Impl();
   // An error sink for kernels of operation `op`.
   kernels::ErrorSink sink(uint32_t op) const;

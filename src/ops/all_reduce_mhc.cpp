@@ -70,6 +70,12 @@ struct AllReduceMHC::Impl {
   }
 
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
+    if (forced != Protocol::kAuto && forced != Protocol::kOneShot && forced != Protocol::kTwoShot &&
+        forced != Protocol::kNccl) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "protocol: expected kAuto, kOneShot, kTwoShot or kNccl, got the value " +
+                      std::to_string(static_cast<int>(forced)));
+    }
     if (comm->tp == 1) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
     if (!comm->reachable) {
       if (forced == Protocol::kOneShot || forced == Protocol::kTwoShot) {

@@ -3,7 +3,7 @@
 
 #include <cmath>
 #include <initializer_list>
-#include <sstream>
+#include <cstdio>
 #include <vector>
 
 #include "mhccl/error.h"
@@ -48,13 +48,23 @@ const char* kind_name(Kind k) {
 
 int align_of(Kind k) { return (k == Kind::kF32 || k == Kind::kI32) ? 4 : 16; }
 
+// Messages are built with std::to_string and snprintf, never iostreams: the library is loaded
+// into other runtimes' processes (Python with PyTorch), and its error paths must not depend on
+// the host process's C++ locale state.
+std::string join_dims(const int64_t* d, int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::string hex_address(uintptr_t a) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
 std::string shape_str(std::initializer_list<int64_t> s) {
-  std::ostringstream o;
-  o << '[';
-  const char* sep = "";
-  for (int64_t d : s) { o << sep << d; sep = ", "; }
-  o << ']';
-  return o.str();
+  return join_dims(s.begin(), static_cast<int>(s.size()));
 }
 
 uintptr_t data_address(const DLTensor& t) {
@@ -70,11 +80,7 @@ int64_t numel(const DLTensor& t) {
 
 std::string strides_str(const DLTensor& t) {
   if (t.strides == nullptr) return "none (compact)";
-  std::ostringstream o;
-  o << '[';
-  for (int i = 0; i < t.ndim; ++i) o << (i ? ", " : "") << t.strides[i];
-  o << ']';
-  return o.str();
+  return join_dims(t.strides, t.ndim);
 }
 
 // Sizes before anything else: a shape array, no negative dimension, at most 2^48 elements.
@@ -103,11 +109,9 @@ void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
             describe_dtype(t.dtype));
   }
   if (t.device.device_type != kDLCUDA || t.device.device_id != device) {
-    std::ostringstream o;
-    o << name << ": expected a CUDA tensor on device cuda:" << device << ", got "
-      << (t.device.device_type == kDLCUDA ? "cuda:" : "device type ")
-      << (t.device.device_type == kDLCUDA ? t.device.device_id : int(t.device.device_type));
-    invalid(o.str());
+    invalid(std::string(name) + ": expected a CUDA tensor on device cuda:" + std::to_string(device) +
+            ", got " + (t.device.device_type == kDLCUDA ? "cuda:" : "device type ") +
+            std::to_string(t.device.device_type == kDLCUDA ? t.device.device_id : int(t.device.device_type)));
   }
   if (!is_contiguous(t)) {
     invalid(std::string(name) + ": expected a contiguous (row-major) tensor, got shape " +
@@ -115,10 +119,8 @@ void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
   }
   const int align = align_of(kind);
   if (numel(t) > 0 && data_address(t) % align != 0) {
-    std::ostringstream o;
-    o << name << ": expected a " << align << "-byte aligned data pointer, got 0x" << std::hex
-      << data_address(t);
-    invalid(o.str());
+    invalid(std::string(name) + ": expected a " + std::to_string(align) + "-byte aligned data pointer, got " +
+            hex_address(data_address(t)));
   }
 }
 
@@ -241,11 +243,7 @@ std::string describe_dtype(const DLDataType& t) {
 }
 
 std::string describe_shape(const DLTensor& t) {
-  std::ostringstream o;
-  o << '[';
-  for (int i = 0; i < t.ndim; ++i) o << (i ? ", " : "") << t.shape[i];
-  o << ']';
-  return o.str();
+  return join_dims(t.shape, t.ndim);
 }
 
 bool is_contiguous(const DLTensor& t) {
@@ -396,11 +394,9 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
   bool shape_ok = out.ndim == in.ndim && out.shape[0] == tp * in.shape[0];
   for (int i = 1; shape_ok && i < in.ndim; ++i) shape_ok = out.shape[i] == in.shape[i];
   if (!shape_ok) {
-    std::ostringstream o;
-    o << "output: expected shape [" << tp * in.shape[0];
-    for (int i = 1; i < in.ndim; ++i) o << ", " << in.shape[i];
-    o << "] (tp * input rows), got " << describe_shape(out);
-    invalid(o.str());
+    std::string want = "[" + std::to_string(tp * in.shape[0]);
+    for (int i = 1; i < in.ndim; ++i) want += ", " + std::to_string(in.shape[i]);
+    invalid("output: expected shape " + want + "] (tp * input rows), got " + describe_shape(out));
   }
   if (out.device.device_type != kDLCUDA || out.device.device_id != device) {
     invalid("output: expected a CUDA tensor on device cuda:" + std::to_string(device) + ", got " +
@@ -411,9 +407,7 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
             " with strides " + strides_str(out));
   }
   if (data_address(out) % 16 != 0) {
-    std::ostringstream o;
-    o << "output: expected a 16-byte aligned data pointer, got 0x" << std::hex << data_address(out);
-    invalid(o.str());
+    invalid("output: expected a 16-byte aligned data pointer, got " + hex_address(data_address(out)));
   }
   return !is_contiguous(in) || data_address(in) % 16 != 0;
 }

@@ -36,6 +36,30 @@ TEST(Launcher, OneFailingRankStopsTheGroup) {
   EXPECT_EQ(r.rank_codes[0], 128 + 15);  // SIGTERM
 }
 
+TEST(Launcher, GraceLetsTheOthersEndByThemselves) {
+  Options o;
+  o.nprocs = 3;
+  o.grace_s = 30;
+  // Rank 1 dies by a signal; ranks 0 and 2 notice within the grace and end with their own codes.
+  o.argv = {"/bin/sh", "-c",
+            "if [ \"$MHCCL_RANK\" = 1 ]; then kill -9 $$; fi; sleep 1; exit $((MHCCL_RANK + 4))"};
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run(o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_EQ(r.exit_code, 128 + 9);
+  EXPECT_EQ(r.rank_codes, (std::vector<int>{4, 128 + 9, 6}));
+  EXPECT_LT(s, 20.0);
+  // A rank that does not end within the grace is killed when it runs out.
+  o.grace_s = 1;
+  o.argv = {"/bin/sh", "-c", "if [ \"$MHCCL_RANK\" = 1 ]; then exit 3; fi; exec sleep 60"};
+  const auto t1 = std::chrono::steady_clock::now();
+  const Result k = run(o);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
+  EXPECT_EQ(k.exit_code, 3);
+  EXPECT_EQ(k.rank_codes[0], 128 + 15);
+}
+
 TEST(Launcher, DeadlineKillsEveryRank) {
   const auto t0 = std::chrono::steady_clock::now();
   const Result r = run_sh(2, "exec sleep 60", 1.0);

@@ -215,6 +215,38 @@ TEST_P(AllGather, StridedAndMisalignedInputsAreCopied) {
   check_call(ag, rank_inputs(778, tp(), 4096), "after a rejected call");
 }
 
+TEST_P(AllGather, EveryRejectedCallBetweenValidCalls) {
+  MHCCL_REQUIRE_TP(tp());
+  constexpr int64_t kCap = 4096;
+  LamportAllGather ag(comm(), kCap);
+  DeviceBuffer d_in(kCap + 64), d_out((kCap + 64) * tp());
+  const int dev = env().device;
+  using testing::kF32;
+  using testing::kU8;
+  struct Bad { const char* what; Desc in, out; };
+  std::vector<Bad> bad = {
+      {"above capacity", Desc(d_in.get(), kU8, {kCap + 16}, dev), Desc(d_out.get(), kU8, {(kCap + 16) * tp()}, dev)},
+      {"not a multiple of 16 bytes", Desc(d_in.get(), kU8, {40}, dev), Desc(d_out.get(), kU8, {40 * tp()}, dev)},
+      {"empty", Desc(d_in.get(), kU8, {0}, dev), Desc(d_out.get(), kU8, {0}, dev)},
+      {"scalar", Desc(d_in.get(), kF32, {}, dev), Desc(d_out.get(), kF32, {tp()}, dev)},
+      {"output rows", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(d_out.get(), kF32, {16 * tp() + 1, 4}, dev)},
+      {"output dtype", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(d_out.get(), kU8, {16 * tp(), 16}, dev)},
+      {"input on the host", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(d_out.get(), kF32, {16 * tp(), 4}, dev)},
+      {"output on another device", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(d_out.get(), kF32, {16 * tp(), 4}, dev + 1)},
+      {"output misaligned", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(static_cast<char*>(d_out.get()) + 4, kF32, {16 * tp(), 4}, dev)},
+      {"output non-contiguous", Desc(d_in.get(), kF32, {16, 4}, dev), Desc(d_out.get(), kF32, {16 * tp(), 4}, dev)},
+  };
+  bad[6].in.t.device = DLDevice{kDLCPU, 0};
+  bad[9].out.with_strides({8, 1});
+  uint64_t seed = 900;
+  for (Bad& b : bad) {
+    check_call(ag, rank_inputs(seed++, tp(), 16 * (1 + seed % 200)), "before");
+    EXPECT_THROW(ag.call(b.in.t, b.out.t, env().stream), Error) << b.what;
+    check_call(ag, rank_inputs(seed++, tp(), 16 * (1 + seed % 200)), "after");
+  }
+  std::printf("TP=%d: %zu kinds of bad all-gather rejected, each between two checked calls\n", tp(), bad.size());
+}
+
 INSTANTIATE_TEST_SUITE_P(Tp, AllGather, ::testing::Values(1, 2),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 

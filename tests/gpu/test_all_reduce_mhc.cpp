@@ -265,37 +265,104 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
   AllReduceMHC op(comm(), config(5120, 4, 64, 33));
   CallBuffers b(64, 5120, 4, 6);
   const int dev = env().device;
-  // Each mutation breaks one argument of an otherwise valid call of M=8.
-  struct Bad { const char* what; std::function<void(AllReduceMHCCallArgs&, std::vector<Desc>&)> mutate; };
+  using testing::kBF16;
+  using testing::kF32;
+  using testing::kI32;
+  using testing::kI64;
+  using testing::kU8;
+  // Each mutation breaks one argument of an otherwise valid call (or finalize) of M=8: every
+  // error kind of the argument checks (tests/cpu/test_checks.cpp), here on a live communicator.
+  using CallArgs = AllReduceMHCCallArgs;
+  using FinArgs = AllReduceMHCFinalizeArgs;
+  struct Bad {
+    const char* what;
+    bool finalize;
+    std::function<void(CallArgs&, FinArgs&, std::vector<Desc>&)> mutate;
+  };
+  auto D = [&](std::vector<Desc>& keep, void* p, DLDataType t, std::vector<int64_t> s, int d = -1) {
+    keep.emplace_back(p, t, std::move(s), d < 0 ? dev : d);
+    return keep.back().get();
+  };
   const std::vector<Bad> bad = {
-      {"x dtype", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kF32, std::vector<int64_t>{8, 5120}, dev); a.x = keep.back().get(); }},
-      {"M above capacity", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kBF16, std::vector<int64_t>{65, 5120}, dev); a.x = keep.back().get(); }},
-      {"misaligned residual", [&](auto& a, auto& keep) { keep.emplace_back(b.residual + 2, testing::kBF16, std::vector<int64_t>{8, 4, 5120}, dev); a.epilogue.residual = keep.back().get(); }},
-      {"pre without norm_weight", [&](auto& a, auto&) { a.epilogue.norm_weight = nullptr; }},
-      {"mxfp8 scales too small", [&](auto& a, auto& keep) { keep.emplace_back(b.scales, testing::kU8, std::vector<int64_t>{16}, dev); a.epilogue.mxfp8_scales = keep.back().get(); }},
-      {"wrong device", [&](auto& a, auto& keep) { keep.emplace_back(b.comb, testing::kF32, std::vector<int64_t>{8, 4, 4}, dev + 1); a.epilogue.comb = keep.back().get(); }},
-      {"non-contiguous post", [&](auto& a, auto& keep) { keep.emplace_back(b.post, testing::kF32, std::vector<int64_t>{8, 4}, dev); keep.back().with_strides({8, 1}); a.epilogue.post = keep.back().get(); }},
+      {"x dtype", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kF32, {8, 5120}); }},
+      {"x shape", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {8, 5000}); }},
+      {"x missing", false, [&](auto& a, auto&, auto&) { a.x = nullptr; }},
+      {"M zero", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {0, 5120}); }},
+      {"M above capacity", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {65, 5120}); }},
+      {"x non-contiguous", false, [&](auto& a, auto&, auto& k) { D(k, b.x, kBF16, {8, 2560}); k.back().with_strides({5120, 1}); a.x = k.back().get(); }},
+      {"x misaligned", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x + 8, kBF16, {8, 5120}); }},
+      {"x without shape", false, [&](auto& a, auto&, auto& k) { D(k, b.x, kBF16, {8, 5120}); k.back().t.shape = nullptr; a.x = k.back().get(); }},
+      {"residual_out byte offset", false, [&](auto& a, auto&, auto& k) { D(k, b.res_out, kBF16, {8, 4, 5120}); k.back().t.byte_offset = 2; a.epilogue.residual_out = k.back().get(); }},
+      {"misaligned residual", false, [&](auto& a, auto&, auto& k) { a.epilogue.residual = D(k, b.residual + 2, kBF16, {8, 4, 5120}); }},
+      {"residual on another device", false, [&](auto& a, auto&, auto& k) { a.epilogue.residual = D(k, b.residual, kBF16, {8, 4, 5120}, dev + 1); }},
+      {"residual on the host", false, [&](auto& a, auto&, auto& k) { D(k, b.residual, kBF16, {8, 4, 5120}); k.back().t.device = DLDevice{kDLCPU, 0}; a.epilogue.residual = k.back().get(); }},
+      {"residual shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.residual = D(k, b.residual, kBF16, {8, 2, 5120}); }},
+      {"residual dtype", false, [&](auto& a, auto&, auto& k) { a.epilogue.residual = D(k, b.residual, kF32, {8, 4, 5120}); }},
+      {"post shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.post = D(k, b.post, kF32, {8, 3}); }},
+      {"post dtype", false, [&](auto& a, auto&, auto& k) { a.epilogue.post = D(k, b.post, kBF16, {8, 4}); }},
+      {"post non-contiguous", false, [&](auto& a, auto&, auto& k) { D(k, b.post, kF32, {8, 4}); k.back().with_strides({8, 1}); a.epilogue.post = k.back().get(); }},
+      {"comb shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.comb = D(k, b.comb, kF32, {8, 4, 2}); }},
+      {"comb misaligned", false, [&](auto& a, auto&, auto& k) { a.epilogue.comb = D(k, b.comb + 2, kF32, {8, 4, 4}); }},
+      {"comb on another device", false, [&](auto& a, auto&, auto& k) { a.epilogue.comb = D(k, b.comb, kF32, {8, 4, 4}, dev + 1); }},
+      {"pre shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.pre = D(k, b.pre, kF32, {8, 4, 4}); }},
+      {"norm_weight shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.norm_weight = D(k, b.norm, kBF16, {5121}); }},
+      {"pre without norm_weight", false, [&](auto& a, auto&, auto&) { a.epilogue.norm_weight = nullptr; }},
+      {"norm_weight without pre", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = nullptr; }},
+      {"mxfp8 with residual-only", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr; }},
+      {"mxfp8 values without scales", false, [&](auto& a, auto&, auto&) { a.epilogue.mxfp8_scales = nullptr; }},
+      {"mxfp8 scales too small", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_scales = D(k, b.scales, kU8, {16}); }},
+      {"mxfp8 scales negative dims", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_scales = D(k, b.scales, kU8, {-1, -mxfp8_scale_bytes(8, 5120)}); }},
+      {"mxfp8 values shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, kU8, {8, 2560}); }},
+      {"mxfp8 values dtype", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, kBF16, {8, 2560}); }},
+      {"mxfp8 values e5m2", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, DLDataType{12, 8, 1}, {8, 5120}); }},
+      {"layer_input missing", false, [&](auto& a, auto&, auto&) { a.epilogue.layer_input = nullptr; }},
+      {"layer_input given to residual-only", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = a.epilogue.norm_weight = nullptr; a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr; }},
+      {"eps negative", false, [&](auto& a, auto&, auto&) { a.epilogue.eps = -1.0f; }},
+      {"eps NaN", false, [&](auto& a, auto&, auto&) { a.epilogue.eps = NAN; }},
+      {"protocol out of range", false, [&](auto& a, auto&, auto&) { a.protocol = static_cast<Protocol>(7); }},
       // M=64 is above the one-shot mailbox's 32 rows (at TP=1, where protocols do not apply, x
       // then disagrees with the other tensors' 8 rows).
-      {"one-shot forced above its rows", [&](auto& a, auto& keep) { keep.emplace_back(b.x, testing::kBF16, std::vector<int64_t>{64, 5120}, dev); a.x = keep.back().get(); a.protocol = tp() > 1 ? Protocol::kOneShot : Protocol::kAuto; }},
+      {"one-shot forced above its rows", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {64, 5120}); a.protocol = tp() > 1 ? Protocol::kOneShot : Protocol::kAuto; }},
+      {"finalize index dtype", true, [&](auto&, auto& f, auto& k) { f.expanded_idx_to_permuted_idx = D(k, b.routes, kI64, {8, 3}); }},
+      {"finalize index missing", true, [&](auto&, auto& f, auto&) { f.expanded_idx_to_permuted_idx = nullptr; }},
+      {"finalize top_k mismatch", true, [&](auto&, auto& f, auto& k) { f.expert_weights = D(k, b.weights, kF32, {8, 5}); }},
+      {"finalize weights dtype", true, [&](auto&, auto& f, auto& k) { f.expert_weights = D(k, b.weights, kBF16, {8, 6}); }},
+      {"finalize gemm2 shape", true, [&](auto&, auto& f, auto& k) { f.gemm2_permuted = D(k, b.gemm2, kBF16, {48, 2560}); }},
+      {"finalize shared rows disagree", true, [&](auto&, auto& f, auto& k) { f.shared_output = D(k, b.shared, kBF16, {9, 5120}); }},
+      {"finalize shared misaligned", true, [&](auto&, auto& f, auto& k) { f.shared_output = D(k, b.shared + 4, kBF16, {8, 5120}); }},
   };
   uint64_t seed = 40000;
+  int rejected = 0;
   for (const Bad& k : bad) {
-    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), false), Variant::kMxfp8, Protocol::kAuto, "before");
-    Desc x(b.x, testing::kBF16, {8, 5120}, dev), res(b.residual, testing::kBF16, {8, 4, 5120}, dev),
-        post(b.post, testing::kF32, {8, 4}, dev), comb(b.comb, testing::kF32, {8, 4, 4}, dev),
-        pre(b.pre, testing::kF32, {8, 4}, dev), norm(b.norm, testing::kBF16, {5120}, dev),
-        out(b.res_out, testing::kBF16, {8, 4, 5120}, dev), li(b.layer, testing::kBF16, {8, 5120}, dev),
-        val(b.values, testing::kU8, {8, 5120}, dev), sc(b.scales, testing::kU8, {mxfp8_scale_bytes(8, 5120)}, dev);
-    AllReduceMHCCallArgs a;
+    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), seed % 2 == 0), Variant::kMxfp8, Protocol::kAuto, "before");
+    Desc x(b.x, kBF16, {8, 5120}, dev), res(b.residual, kBF16, {8, 4, 5120}, dev),
+        post(b.post, kF32, {8, 4}, dev), comb(b.comb, kF32, {8, 4, 4}, dev),
+        pre(b.pre, kF32, {8, 4}, dev), norm(b.norm, kBF16, {5120}, dev),
+        out(b.res_out, kBF16, {8, 4, 5120}, dev), li(b.layer, kBF16, {8, 5120}, dev),
+        val(b.values, kU8, {8, 5120}, dev), sc(b.scales, kU8, {mxfp8_scale_bytes(8, 5120)}, dev),
+        g2(b.gemm2, kBF16, {48, 5120}, dev), w(b.weights, kF32, {8, 6}, dev),
+        rt(b.routes, kI32, {8, 6}, dev), sh(b.shared, kBF16, {8, 5120}, dev);
+    CallArgs a;
     a.x = x.get();
     a.epilogue = {res.get(), post.get(), comb.get(), pre.get(), norm.get(), 1e-6f, out.get(), li.get(), val.get(), sc.get()};
+    FinArgs f;
+    f.gemm2_permuted = g2.get();
+    f.expert_weights = w.get();
+    f.expanded_idx_to_permuted_idx = rt.get();
+    f.shared_output = sh.get();
+    f.epilogue = a.epilogue;
     std::vector<Desc> keep;
     keep.reserve(4);
-    k.mutate(a, keep);
-    EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
+    k.mutate(a, f, keep);
+    if (k.finalize) {
+      EXPECT_THROW(op.finalize(f, env().stream), Error) << k.what;
+    } else {
+      EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
+    }
+    ++rejected;
     run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), true), Variant::kMxfp8, Protocol::kAuto, "after");
   }
+  std::printf("TP=%d: %d kinds of bad call rejected, each between two checked calls\n", tp(), rejected);
   comm().check_errors();
 }
 

@@ -106,6 +106,8 @@ Result run(const Options& opts) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   bool killing = false;
+  auto failed_at = clock::now();
+  std::string failure;
   auto kill_time = clock::now();
   auto kill_group = [&](const char* why) {
     if (killing) return;
@@ -147,13 +149,22 @@ Result run(const Options& opts) {
           res.rank_codes[r] = c.code;
           if (c.code != 0 && c.code != 77 && res.failed_rank < 0 && !killing) {
             res.failed_rank = r;
-            kill_group(("rank " + std::to_string(r) + " exited with " + std::to_string(c.code)).c_str());
+            failed_at = clock::now();
+            failure = "rank " + std::to_string(r) + " exited with " + std::to_string(c.code);
+            if (opts.grace_s > 0) {
+              std::fprintf(stdout, "mhccl-launch: %s: the other ranks have %g s to end\n", failure.c_str(), opts.grace_s);
+              std::fflush(stdout);
+            }
           }
         }
       }
       all_done = all_done && c.exited && c.fd < 0;
     }
     if (all_done) break;
+    if (res.failed_rank >= 0 && !killing &&
+        std::chrono::duration<double>(clock::now() - failed_at).count() >= opts.grace_s) {
+      kill_group(failure.c_str());
+    }
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
     if (opts.timeout_s > 0 && elapsed > opts.timeout_s && !killing) {
       res.timed_out = true;

@@ -1,7 +1,7 @@
 // mhccl's local launcher: one process per GPU of this machine, no MPI. Each child gets
 // MHCCL_RANK, MHCCL_WORLD_SIZE, MHCCL_LOCAL_RANK and a fresh MHCCL_UNIQUE_ID_FILE
 // (include/mhccl/bootstrap.h); its output is forwarded line by line with a rank prefix; the
-// group is killed when one rank fails or the deadline passes.
+// group is killed when one rank fails (after Options::grace_s) or the deadline passes.
 #pragma once
 
 #include <string>
@@ -14,6 +14,8 @@ struct Options {
   int nprocs = 1;
   std::vector<std::string> argv;  // the program and its arguments
   double timeout_s = 0;           // 0: no deadline
+  double grace_s = 0;             // after a rank fails, how long the others may run on to end
+                                  // by themselves (e.g. to report a dead peer) before the kill
   bool prefix_output = true;      // "[rank N] " before each forwarded line
   std::vector<std::pair<std::string, std::string>> env;  // extra environment for every rank
 };

@@ -1,5 +1,5 @@
 // mhccl-launch: runs a program once per local GPU (or -n N times) as the ranks of a TP group.
-//   mhccl-launch [-n N] [--timeout SECONDS] [--no-prefix] -- PROGRAM [ARGS...]
+//   mhccl-launch [-n N] [--timeout SECONDS] [--grace SECONDS] [--no-prefix] -- PROGRAM [ARGS...]
 // Exit code: 0 when every rank passed, 77 when there are fewer GPUs than ranks (or every rank
 // skipped), 124 when the deadline passed, else the first failing rank's code.
 #include <cstdio>
@@ -38,14 +38,22 @@ int main(int argc, char** argv) {
         return 2;
       }
       opts.timeout_s = static_cast<double>(t);
+    } else if (a == "--grace" && i + 1 < argc) {
+      const long g = parse_count(argv[++i]);
+      if (g < 0) {
+        std::fprintf(stderr, "mhccl-launch: --grace expects whole seconds >= 0, got '%s'\n", argv[i]);
+        return 2;
+      }
+      opts.grace_s = static_cast<double>(g);
     } else if (a == "--no-prefix") {
       opts.prefix_output = false;
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: mhccl-launch [-n N] [--timeout SECONDS] [--no-prefix] -- PROGRAM [ARGS...]\n"
+      std::printf("usage: mhccl-launch [-n N] [--timeout SECONDS] [--grace SECONDS] [--no-prefix] -- PROGRAM [ARGS...]\n"
                   "Runs PROGRAM once per local GPU (or N times) as the ranks of one TP group:\n"
                   "-n defaults to every local GPU, --timeout to 0 (no deadline).\n"
                   "MHCCL_RANK, MHCCL_WORLD_SIZE, MHCCL_LOCAL_RANK and MHCCL_UNIQUE_ID_FILE are set\n"
-                  "for each. Kills every rank when one fails or the deadline passes.\n"
+                  "for each. Kills every rank when one fails (after --grace seconds, default 0, in\n"
+                  "which the others may end by themselves) or the deadline passes.\n"
                   "Exit: 0 passed, 77 skipped (fewer GPUs than ranks), 124 deadline, else the\n"
                   "first failing rank's code.\n");
       return 0;
