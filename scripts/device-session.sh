@@ -44,6 +44,12 @@ if [[ " $stages " == *" python "* ]]; then
   CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
     --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip.log" 2>&1
   echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  # What the wheel's library carries of the C++ runtime itself (expected: nothing; it should
+  # take std:: from libstdc++.so.6), and the environment's flags.
+  { env | grep -E "FLAGS|^CC=|^CXX=|CUDAHOSTCXX" ; readelf -d /tmp/mhccl-py/mhccl/libmhccl.so | grep -E "NEEDED|RUNPATH";
+    echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only /tmp/mhccl-py/mhccl/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
+    echo "... in the build's libmhccl.so: $(nm -DC --defined-only $B/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')"; } > "$OUT/wheel-lib.txt" 2>&1
+  tail -4 "$OUT/wheel-lib.txt"
   stamp "python: pytest"
   for t in test_cpu test_gpu; do
     PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
@@ -99,6 +105,19 @@ if [[ " $stages " == *" sweep "* ]]; then
     MHCCL_CTAS_PER_ROW=$cl timeout 120 "$B/tools/bench/mhccl-bench" --tp 2 1 --ops allreduce --quick --no-check \
       --json "$OUT/sweep-cl$cl.json" > "$OUT/sweep-cl$cl.log" 2>&1
     grep -E "^  call +plain " "$OUT/sweep-cl$cl.log" | awk -v cl=$cl '{print "cl=" cl, $0}' | head -12
+  done
+fi
+if [[ " $stages " == *" agsweep "* ]]; then
+  # All-gather launch shape: packs a CTA takes at least (MHCCL_ALLGATHER_PACKS_PER_CTA), with
+  # the bench's checks on, and the all-gather GPU tests at each value.
+  for per in ${SWEEP_PACKS:-256 64 32 16}; do
+    stamp "agsweep: MHCCL_ALLGATHER_PACKS_PER_CTA=$per"
+    MHCCL_ALLGATHER_PACKS_PER_CTA=$per timeout 120 "$B/tools/bench/mhccl-bench" --tp 2 --ops allgather \
+      --json "$OUT/agsweep-$per.json" > "$OUT/agsweep-$per.log" 2>&1
+    echo "bench rc=$?"; grep -E "FAIL|B/rank +mhccl" "$OUT/agsweep-$per.log" | awk -v p=$per '{print "per=" p, $0}'
+    MHCCL_ALLGATHER_PACKS_PER_CTA=$per timeout 120 "$B/tools/mhccl-launch" -n 2 --timeout 110 -- \
+      "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 --gtest_filter='*AllGather*' > "$OUT/agsweep-tests-$per.log" 2>&1
+    echo "all-gather tests rc=$?"; grep -E "PASSED|FAILED" "$OUT/agsweep-tests-$per.log" | head -4
   done
 fi
 stamp "done"

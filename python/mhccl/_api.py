@@ -39,19 +39,35 @@ def mxfp8_scale_bytes(m: int, hidden: int) -> int:
 
 
 def _device_index(device: Any) -> int:
+    """The CUDA device number of an int, a torch.device('cuda[:N]') or a 'cuda[:N]' string."""
+    bad = ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
+                     f"got {device!r}")
+    if isinstance(device, bool):
+        raise bad
     if isinstance(device, int):
+        if device < 0:
+            raise bad
         return device
-    index = getattr(device, "index", None)  # torch.device
-    if index is not None:
-        return int(index)
-    text = str(device)
+    if isinstance(device, str):
+        text = device.strip()
+    elif getattr(device, "type", None) is not None:  # torch.device
+        if device.type != "cuda":
+            raise bad
+        if device.index is not None:
+            return int(device.index)
+        text = "cuda"
+    else:
+        raise bad
     if text.startswith("cuda:"):
-        return int(text.split(":", 1)[1])
+        number = text.split(":", 1)[1]
+        if not number.isdigit():
+            raise bad
+        return int(number)
     if text == "cuda":
         import torch
 
         return torch.cuda.current_device()
-    raise ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N), got {device!r}")
+    raise bad
 
 
 def _group_layout(group: Any) -> Tuple[Any, int, int]:

@@ -103,3 +103,16 @@ def test_ops_without_a_gpu_raise_runtime_error():
 def test_communicator_is_weak_referenceable():
     # _api keeps one communicator per (group, device) in a WeakValueDictionary.
     assert _api._lib().Communicator.__weakrefoffset__ != 0
+
+
+@pytest.mark.parametrize("device, index", [(0, 0), (3, 3), ("cuda:0", 0), ("cuda:2", 2), (" cuda:1", 1)])
+def test_device_forms(device, index):
+    assert _api._device_index(device) == index
+
+
+@pytest.mark.parametrize("device", [-1, "cpu", "cuda:x", "cuda:-1", 1.5, None, True, "gpu"])
+def test_bad_devices_are_value_errors(device):
+    with pytest.raises(ValueError, match="device: expected a CUDA device"):
+        _api._device_index(device)
+    with pytest.raises(ValueError, match="device: expected a CUDA device"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096, device=device)

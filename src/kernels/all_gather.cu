@@ -1,12 +1,17 @@
 // LamportAllGather kernel, and the small utility kernels (fill, strided copy).
+#include <algorithm>
+
 #include "kernels/launch.h"
 #include "kernels/lamport.cuh"
 
 namespace mhccl::kernels {
 namespace {
 
-constexpr int kAllGatherThreads = 256;
+constexpr int kAllGatherThreads = 256;   // at most, a CTA
 constexpr int kAllGatherMaxCtas = 128;  // every CTA co-resident on any sm_90 part (>= 114 SMs)
+// Packs a CTA takes at least: below 128 x 256 packs the grid spreads over more SMs with fewer
+// threads each, so more SMs issue the NVLink stores and the polls in parallel.
+constexpr int kAllGatherPacksPerCta = 256;
 
 // One kernel: each thread first publishes its packs (grid-stride) to every peer's slot
 // [gen][rank] and to its own output rows, then collects the same packs of every peer from its
@@ -86,10 +91,13 @@ __global__ void strided_copy_kernel(const StridedCopy c, int64_t numel) {
 }  // namespace
 
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl) {
-  const int64_t ctas = (p.packs + kAllGatherThreads - 1) / kAllGatherThreads;
+  // The shape depends on the byte count only (every rank launches alike).
+  const int64_t per = p.packs_per_cta > 0 ? p.packs_per_cta : kAllGatherPacksPerCta;
+  const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(kAllGatherMaxCtas, (p.packs + per - 1) / per));
+  const int64_t threads = std::min<int64_t>(kAllGatherThreads, ((p.packs + ctas - 1) / ctas + 31) / 32 * 32);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas < kAllGatherMaxCtas ? ctas : kAllGatherMaxCtas));
-  cfg.blockDim = dim3(kAllGatherThreads);
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+  cfg.blockDim = dim3(static_cast<unsigned>(std::max<int64_t>(32, threads)));
   cfg.stream = stream;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;

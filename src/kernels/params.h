@@ -179,6 +179,7 @@ struct AllGatherParams {
   int64_t capacity_packs;
   LamportState* state;
   ErrorSink err;
+  int packs_per_cta;       // launch shape (host side): packs a CTA takes at least; 0: default
 };
 
 }  // namespace mhccl::kernels

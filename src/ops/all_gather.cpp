@@ -1,6 +1,8 @@
 // LamportAllGather host side (include/mhccl/all_gather.h).
 #include "mhccl/all_gather.h"
 
+#include <cstdlib>
+
 #include "comm/communicator_impl.h"
 #include "common/check.h"
 #include "kernels/launch.h"
@@ -14,6 +16,7 @@ struct LamportAllGather::Impl {
   std::unique_ptr<SymmetricBuffer> mailbox;  // [gen][source rank][capacity bytes]
   kernels::LamportState* state = nullptr;
   void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
+  int packs_per_cta = 0;    // launch shape; 0: default (MHCCL_ALLGATHER_PACKS_PER_CTA overrides)
 
   ~Impl() {
     if (comm) detail::release_device_memory(comm->device, {state, staging});
@@ -37,6 +40,8 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     MHCCL_CUDA(cudaStreamSynchronize(im.comm->setup_stream));
   }
   MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
+  // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
+  if (const char* env = std::getenv("MHCCL_ALLGATHER_PACKS_PER_CTA")) im.packs_per_cta = std::atoi(env);
 }
 
 LamportAllGather::~LamportAllGather() = default;
@@ -97,6 +102,7 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
   p.capacity_packs = im.capacity / 16;
   p.state = im.state;
   p.err = c.sink(kernels::kOpAllGather);
+  p.packs_per_cta = im.packs_per_cta;
   if (c.tp > 1) {
     for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);
   }

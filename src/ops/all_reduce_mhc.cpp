@@ -2,6 +2,7 @@
 #include "mhccl/all_reduce_mhc.h"
 
 #include <algorithm>
+#include <limits>
 #include <cstdlib>
 
 #include "comm/communicator_impl.h"
@@ -29,14 +30,18 @@ using kernels::ConsumerVariant;
 using kernels::PublishDest;
 using kernels::PublishParams;
 
-// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2: one-shot
-// and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp rows per row), and
-// two-shot's extra hop only pays from 2048 rows on (2-3% for call, -1..-3% for finalize: 2048
-// for both keeps the one-shot mailbox at 2047 rows). TP=4/8 are extrapolated from the byte
-// counts until measured (issue 8): two-shot moves half (TP=4) or a quarter (TP=8) of the bytes.
+// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2 (session 2,
+// CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp
+// rows per row). For call, two-shot's extra hop pays from 2048 rows on (2% at 2048-8192). For
+// finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
+// under the NVLink stores and two-shot serializes before the owners' reduce (15-17% slower at
+// 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
+// TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
+// (TP=4) or a quarter (TP=8) of the bytes.
+constexpr int64_t kNeverTwoShot = std::numeric_limits<int64_t>::max();
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
-    case 2: return 2048;
+    case 2: return finalize ? kNeverTwoShot : 2048;
     case 4: return finalize ? 512 : 384;
     default: return finalize ? 256 : 192;
   }

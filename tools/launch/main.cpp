@@ -71,9 +71,12 @@ int main(int argc, char** argv) {
   }
   const int gpus = mhccl::launch::local_gpu_count();
   if (opts.nprocs == 0) opts.nprocs = gpus;
-  if (gpus == 0 || opts.nprocs > gpus) {
-    std::printf("mhccl-launch: SKIPPED: %d rank(s) need as many CUDA devices, found %d%s\n",
-                opts.nprocs > 0 ? opts.nprocs : 1, gpus, gpus == 0 ? " (no CUDA device)" : "");
+  if (gpus == 0) {
+    std::printf("mhccl-launch: SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  if (opts.nprocs > gpus) {
+    std::printf("mhccl-launch: SKIPPED: %d ranks need as many CUDA devices, found %d\n", opts.nprocs, gpus);
     return 77;
   }
   return mhccl::launch::run(opts).exit_code;
