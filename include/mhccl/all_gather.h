@@ -18,7 +18,8 @@ class Communicator;
 // 0x80000000 (the sentinel; FP32 -0.0) arrive as 0 on every rank. TP=1 is a device copy.
 class LamportAllGather {
  public:
-  // rank_capacity_bytes: a positive multiple of 16. Mailbox: 3 * tp * capacity bytes per rank.
+  // rank_capacity_bytes: a positive multiple of 16, at most 2^40. Mailbox: 3 * tp * capacity
+  // bytes per rank.
   LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes);
   ~LamportAllGather();
   LamportAllGather(const LamportAllGather&) = delete;

@@ -117,6 +117,9 @@ void check_storage(const DLTensor& t, const char* name, Kind kind, int device) {
     invalid(std::string(name) + ": expected a contiguous (row-major) tensor, got shape " +
             describe_shape(t) + " with strides " + strides_str(t));
   }
+  if (numel(t) > 0 && t.data == nullptr) {
+    invalid(std::string(name) + ": expected a data pointer, got null for shape " + describe_shape(t));
+  }
   const int align = align_of(kind);
   if (numel(t) > 0 && data_address(t) % align != 0) {
     invalid(std::string(name) + ": expected a " + std::to_string(align) + "-byte aligned data pointer, got " +
@@ -257,8 +260,9 @@ bool is_contiguous(const DLTensor& t) {
 }
 
 int64_t tensor_bytes(const DLTensor& t) {
+  // Whole-byte elements of at most 64 bytes (so that 2^48 elements stay far inside int64).
   const int64_t bits = int64_t(t.dtype.bits) * t.dtype.lanes;
-  if (bits % 8 != 0) return -1;
+  if (bits <= 0 || bits % 8 != 0 || bits > 512) return -1;
   return numel(t) * (bits / 8);
 }
 
@@ -319,6 +323,7 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
   check_storage(*a.shared_output, "shared_output", Kind::kBF16, device);
   const DLTensor* g = a.gemm2_permuted;
   if (g == nullptr) invalid("gemm2_permuted: expected a tensor, got none");
+  check_dims(*g, "gemm2_permuted");
   if (g->ndim != 2 || g->shape[1] != c.hidden_size || g->shape[0] < 0) {
     invalid("gemm2_permuted: expected shape [rows, " + std::to_string(c.hidden_size) + "], got " +
             describe_shape(*g));
@@ -333,6 +338,7 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
                                std::tuple{a.expanded_idx_to_permuted_idx,
                                           "expanded_idx_to_permuted_idx", Kind::kI32}}) {
     if (t == nullptr) invalid(std::string(name) + ": expected a tensor, got none");
+    check_dims(*t, name);
     if (!dtype_is(t->dtype, kind)) {
       invalid(std::string(name) + ": expected dtype " + kind_name(kind) + ", got " +
               describe_dtype(t->dtype));
@@ -348,15 +354,19 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
 }
 
 void check_all_gather_config(int64_t cap) {
-  if (cap <= 0 || cap % 16 != 0) {
-    invalid("rank_capacity_bytes: expected a positive multiple of 16, got " + std::to_string(cap));
+  if (cap <= 0 || cap % 16 != 0 || cap > kMaxAllGatherCapacity) {
+    invalid("rank_capacity_bytes: expected a positive multiple of 16, at most 2^40, got " +
+            std::to_string(cap));
   }
 }
 
 bool all_gather_accepts(int64_t cap, const DLTensor& in) {
-  if (in.ndim < 0 || in.ndim > 16 || (in.ndim > 0 && in.shape == nullptr)) return false;
-  for (int i = 0; i < in.ndim; ++i) {
-    if (in.shape[i] < 0 || in.shape[i] > cap) return false;  // also keeps the product in range
+  if (in.ndim < 1 || in.ndim > 16 || in.shape == nullptr) return false;
+  int64_t n = 1;
+  for (int i = 0; i < in.ndim; ++i) {  // the product, without overflow, at most 2^48 (check_dims)
+    if (in.shape[i] < 0) return false;
+    if (in.shape[i] > 0 && n > (int64_t{1} << 48) / in.shape[i]) return false;
+    n *= in.shape[i];
   }
   const int64_t b = tensor_bytes(in);
   return b > 0 && b <= cap && b % 16 == 0;
@@ -375,7 +385,7 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
   check_dims(out, "output");
   if (in.ndim < 1) invalid("input: expected at least one dimension, got a scalar");
   if (tensor_bytes(in) < 0) {
-    invalid("input: expected whole-byte elements, got dtype " + describe_dtype(in.dtype));
+    invalid("input: expected whole-byte elements of at most 64 bytes, got dtype " + describe_dtype(in.dtype));
   }
   if (!all_gather_accepts(cap, in)) {
     invalid("input: expected a multiple of 16 bytes, from 16 to " + std::to_string(cap) +
@@ -386,6 +396,8 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
     invalid("input: expected a CUDA tensor on device cuda:" + std::to_string(device) + ", got " +
             device_str(in.device));
   }
+  if (in.data == nullptr) invalid("input: expected a data pointer, got null");
+  if (out.data == nullptr) invalid("output: expected a data pointer, got null");
   if (out.dtype.code != in.dtype.code || out.dtype.bits != in.dtype.bits ||
       out.dtype.lanes != in.dtype.lanes) {
     invalid("output: expected dtype " + describe_dtype(in.dtype) + " (the input's), got " +

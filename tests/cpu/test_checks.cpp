@@ -382,6 +382,57 @@ TEST(AllGatherChecks, CapacityAndAccepts) {
   EXPECT_FALSE(all_gather_accepts(4096, empty.t));
 }
 
+// Found by an adversarial review (session 2): shapes read before their dimensions were checked,
+// element sizes whose product with the element count wrapped, null data pointers.
+TEST_F(Checks, FinalizeTensorsWithoutShapeOrWithTooManyDims) {
+  int64_t two[2] = {5, 3};
+  for (const char* which : {"gemm2_permuted", "expert_weights", "expanded_idx_to_permuted_idx"}) {
+    for (int ndim : {2, 3, 100000}) {
+      AllReduceMHCFinalizeArgs a = f.finalize();
+      Desc d = std::string(which) == "gemm2_permuted" ? f.gemm2 : std::string(which) == "expert_weights" ? f.weights : f.routes;
+      d.t.ndim = ndim;
+      d.t.shape = ndim == 100000 ? two : nullptr;
+      if (std::string(which) == "gemm2_permuted") a.gemm2_permuted = d.get();
+      else if (std::string(which) == "expert_weights") a.expert_weights = d.get();
+      else a.expanded_idx_to_permuted_idx = d.get();
+      expect_error([&] { check_all_reduce_mhc_finalize(f.cfg, 0, a); }, ErrorCode::kInvalidArgument,
+                   {which, "0 to 16 dimensions"});
+    }
+  }
+}
+TEST_F(Checks, NullDataPointer) {
+  Desc x(nullptr, kBF16, {5, 64});
+  call_error([&](auto& a) { a.x = x.get(); }, ErrorCode::kInvalidArgument, {"x:", "null"});
+  Desc out(nullptr, kBF16, {5, 4, 64});
+  call_error([&](auto& a) { a.epilogue.residual_out = out.get(); }, ErrorCode::kInvalidArgument,
+             {"residual_out", "null"});
+}
+
+TEST(AllGatherChecks, WideElementsAndHugeProductsAreRefused) {
+  // 3.4e13 elements of 544,048 bytes: the byte count wrapped to 432 and was accepted.
+  Desc in(addr(0x1000), DLDataType{kDLFloat, 128, 34003}, {49063, 661, 1045507});
+  Desc out(addr(0x2000), DLDataType{kDLFloat, 128, 34003}, {392504, 661, 1045507});
+  EXPECT_FALSE(all_gather_accepts(1 << 20, in.t));
+  expect_error([&] { check_all_gather_call(1 << 20, 8, 0, in.t, out.t); }, ErrorCode::kInvalidArgument,
+               {"input"});
+  Desc wide(addr(0x1000), DLDataType{kDLFloat, 128, 34003}, {1});
+  expect_error([&] { check_all_gather_call(1 << 20, 8, 0, wide.t, wide.t); }, ErrorCode::kInvalidArgument,
+               {"input", "at most 64 bytes"});
+  // A product of 2^64 + 16 bytes of uint8: accepts() said true, the call refused it.
+  Desc wrap(addr(0x1000), kU8, {4043312912, 4562284561});
+  EXPECT_FALSE(all_gather_accepts(int64_t{1} << 33, wrap.t));
+  // A scalar: accepts() said true, the call refused it.
+  Desc scalar(addr(0x1000), DLDataType{kDLFloat, 32, 4}, {});
+  EXPECT_FALSE(all_gather_accepts(4096, scalar.t));
+  // Null data, and capacities whose mailbox sizes would wrap.
+  Desc null_in(nullptr, kF32, {4, 4}), good_out(addr(0x2000), kF32, {8, 4});
+  expect_error([&] { check_all_gather_call(4096, 2, 0, null_in.t, good_out.t); }, ErrorCode::kInvalidArgument,
+               {"input", "null"});
+  expect_error([] { check_all_gather_config((int64_t{1} << 62) + 16); }, ErrorCode::kInvalidArgument,
+               {"rank_capacity_bytes", "2^40"});
+  EXPECT_NO_THROW(check_all_gather_config(int64_t{1} << 40));
+}
+
 TEST(AllGatherChecks, CallErrors) {
   Desc in(addr(0x1000), kF32, {4, 4});  // 64 bytes
   Desc out(addr(0x2000), kF32, {8, 4});
