@@ -50,6 +50,11 @@ struct AllReduceMHCConfig {
   // one launch less. -1: every M whose grid is co-resident by construction (96 CTAs: M <= 96
   // at H <= 5120); 0: always two launches.
   int64_t single_launch_max_rows = -1;
+  // The direct consumer (TP=1 call; after the NCCL fallback's all-reduce) of rows that fit one
+  // CTA runs as a persistent grid that prefetches the next row into shared memory while it
+  // computes the current one (cp.async), from this many rows: the same bits, more of the HBM
+  // bandwidth. -1: when M exceeds the CTAs resident at once; 0: never.
+  int64_t streaming_min_rows = -1;
 };
 
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).

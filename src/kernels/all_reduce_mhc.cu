@@ -4,6 +4,9 @@
 // tiling.ctas_per_row CTAs (a thread-block cluster whose CTAs add their RMS partial sums
 // through distributed shared memory).
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <cooperative_groups.h>
 
@@ -178,6 +181,95 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   }
 }
 
+// The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
+// residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] *
+// residual_out[t]; layer_input = bf16(c * rsqrt(mean(c^2) + eps) * norm_weight); MXFP8 of it.
+// Called by every thread of the CTA (the RMS sum is a CTA and, over ctas CTAs, a cluster
+// reduction); `mixes` (post, comb, pre of the row) and `warp_sums` in shared memory.
+template <int HC, ConsumerVariant V>
+__device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t row, int pack, bool active,
+                                              const float (&y)[8], const uint4 (&res)[HC], uint4 norm,
+                                              const float* mixes, float* warp_sums, float* cluster_slots,
+                                              int ctas) {
+  const int64_t np = p.np;
+  float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (active) {
+    const float* post = mixes;
+    const float* comb = mixes + HC;
+    const float* pre = mixes + HC + HC * HC;
+#pragma unroll
+    for (int t = 0; t < HC; ++t) {
+      const float post_t = post[t];
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(post_t, y[e]);
+#pragma unroll
+      for (int s = 0; s < HC; ++s) {
+        const float w = comb[s * HC + t];
+        float r[8];
+        unpack_bf16(res[s], r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = __fmaf_rn(w, r[e], o[e]);
+      }
+      const uint4 ob = pack_bf16(o);
+      static_cast<uint4*>(p.residual_out)[(row * HC + t) * np + pack] = ob;
+      if constexpr (V != ConsumerVariant::kResidualOnly) {
+        const float pre_t = pre[t];
+        unpack_bf16(ob, o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = __fmaf_rn(pre_t, o[e], c[e]);
+      }
+    }
+  }
+
+  if constexpr (V != ConsumerVariant::kResidualOnly) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(c[e], c[e], ss);
+    float total = block_sum(ss, warp_sums);
+    if (ctas > 1) {
+      total = cluster_row_sum(total, cluster_slots, ctas);
+    }
+    const float h = static_cast<float>(np * 8);
+    const float rinv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, h), p.eps));
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (active) {
+      float w[8];
+      unpack_bf16(norm, w);
+      float o[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(__fmul_rn(c[e], rinv), w[e]);
+      out = pack_bf16(o);
+      static_cast<uint4*>(p.layer_input)[row * np + pack] = out;
+    }
+    if constexpr (V == ConsumerVariant::kMxfp8) {
+      // amax of the 32-element block (4 packs on 4 consecutive lanes) over |bits|: NaN wins.
+      const uint32_t w4[4] = {out.x, out.y, out.z, out.w};
+      uint32_t amax = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = max(amax, max(w4[i] & 0x7FFFu, (w4[i] >> 16) & 0x7FFFu));
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const uint8_t scale = ue8m0_scale(bf16_to_float(static_cast<uint16_t>(amax)));
+      const int64_t blocks = np / 4;
+      if (active) {
+        float o[8];
+        unpack_bf16(out, o);
+        const uint32_t lo = mxfp8_encode2(o[0], o[1], scale) | (uint32_t(mxfp8_encode2(o[2], o[3], scale)) << 16);
+        const uint32_t hi = mxfp8_encode2(o[4], o[5], scale) | (uint32_t(mxfp8_encode2(o[6], o[7], scale)) << 16);
+        reinterpret_cast<uint2*>(p.mxfp8_values)[row * np + pack] = make_uint2(lo, hi);
+        if ((pack & 3) == 0) {
+          const int k = pack / 4;
+          p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = scale;
+          if (k == blocks - 1) {  // the row's padding blocks [S, 4 * ceil(S / 4)) are 0
+            for (int64_t kp = blocks; kp % 4 != 0; ++kp) p.mxfp8_scales[mxfp8_scale_offset(row, kp, blocks)] = 0;
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(const ConsumerParams p) {
   __shared__ float warp_sums[kMaxThreadsPerCta / 32];
@@ -272,83 +364,9 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
   __syncthreads();  // the mixes are in shared memory
-  float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (rp.active) {
-    const float* post = mixes;
-    const float* comb = mixes + HC;
-    const float* pre = mixes + HC + HC * HC;
-#pragma unroll
-    for (int t = 0; t < HC; ++t) {
-      const float post_t = post[t];
-      float o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(post_t, y[e]);
-#pragma unroll
-      for (int s = 0; s < HC; ++s) {
-        const float w = comb[s * HC + t];
-        float r[8];
-        unpack_bf16(res[s], r);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = __fmaf_rn(w, r[e], o[e]);
-      }
-      const uint4 ob = pack_bf16(o);
-      static_cast<uint4*>(p.residual_out)[(row * HC + t) * np + pack] = ob;
-      if constexpr (V != ConsumerVariant::kResidualOnly) {
-        const float pre_t = pre[t];
-        unpack_bf16(ob, o);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) c[e] = __fmaf_rn(pre_t, o[e], c[e]);
-      }
-    }
-  }
-
-  if constexpr (V != ConsumerVariant::kResidualOnly) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = __fmaf_rn(c[e], c[e], ss);
-    float total = block_sum(ss, warp_sums);
-    if (p.tiling.ctas_per_row > 1) {
-      total = cluster_row_sum(total, cluster_slots, p.tiling.ctas_per_row);
-    }
-    const float h = static_cast<float>(np * 8);
-    const float rinv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, h), p.eps));
-    uint4 out = make_uint4(0, 0, 0, 0);
-    if (rp.active) {
-      float w[8];
-      unpack_bf16(norm, w);
-      float o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(__fmul_rn(c[e], rinv), w[e]);
-      out = pack_bf16(o);
-      static_cast<uint4*>(p.layer_input)[row * np + pack] = out;
-    }
-    if constexpr (V == ConsumerVariant::kMxfp8) {
-      // amax of the 32-element block (4 packs on 4 consecutive lanes) over |bits|: NaN wins.
-      const uint32_t w4[4] = {out.x, out.y, out.z, out.w};
-      uint32_t amax = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) amax = max(amax, max(w4[i] & 0x7FFFu, (w4[i] >> 16) & 0x7FFFu));
-      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-      amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-      const uint8_t scale = ue8m0_scale(bf16_to_float(static_cast<uint16_t>(amax)));
-      const int64_t blocks = np / 4;
-      if (rp.active) {
-        float o[8];
-        unpack_bf16(out, o);
-        const uint32_t lo = mxfp8_encode2(o[0], o[1], scale) | (uint32_t(mxfp8_encode2(o[2], o[3], scale)) << 16);
-        const uint32_t hi = mxfp8_encode2(o[4], o[5], scale) | (uint32_t(mxfp8_encode2(o[6], o[7], scale)) << 16);
-        reinterpret_cast<uint2*>(p.mxfp8_values)[row * np + pack] = make_uint2(lo, hi);
-        if ((pack & 3) == 0) {
-          const int k = pack / 4;
-          p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = scale;
-          if (k == blocks - 1) {  // the row's padding blocks [S, 4 * ceil(S / 4)) are 0
-            for (int64_t kp = blocks; kp % 4 != 0; ++kp) p.mxfp8_scales[mxfp8_scale_offset(row, kp, blocks)] = 0;
-          }
-        }
-      }
-      zero_scale_padding_rows(p.mxfp8_scales, p.m, blocks);
-    }
-  }
+  epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, cluster_slots,
+                       p.tiling.ctas_per_row);
+  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 
   if constexpr (IN == ConsumerInput::kPoll) {
     // The previous call's slots, reset once this call's outputs are out (peers store into them
@@ -366,6 +384,92 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
     arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
   }
+}
+
+// --- Streaming consumer ------------------------------------------------------------------------
+// cp.async (sm_80+): 16- and 4-byte global -> shared copies that hold no register while in flight.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_newest() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+// The direct consumer (TP=1 call, the NCCL fallback's reduced rows) at large M, rows of one CTA:
+// a grid of the CTAs resident at once, each looping over rows r, r + gridDim.x, ... and copying
+// the next row's x, residual streams and mixes into shared memory while it computes the
+// current one. A CTA per row (one resident per SM at 640 threads and 96 registers) alternates
+// between loading and computing; here an SM loads the next row during the current row's
+// arithmetic, reductions and stores. Same arithmetic as mhc_consumer_kernel, same bits.
+// Shared memory: 2 stages x (HC + 1) x blockDim.x packs (dynamic), mixes and warp sums x 2.
+template <int HC, ConsumerVariant V>
+__global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
+  constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
+  extern __shared__ uint4 stage_packs[];    // [2][HC + 1][blockDim.x]: residual streams, then x
+  __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
+  __shared__ float mixes[2][kMixes];
+  const int64_t np = p.np;
+  const int pack = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  const bool active = pack < np;
+  const uint4* residual = static_cast<const uint4*>(p.residual);
+  const uint4* in = static_cast<const uint4*>(p.in);
+  if (p.wait_predecessor) pdl_wait();
+  pdl_launch_dependents();
+  uint4 norm = make_uint4(0, 0, 0, 0);
+  if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
+
+  // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
+  // it will read itself; the mixes are spread over the CTA).
+  auto prefetch = [&](int64_t row, int stage) {
+    uint4* st = stage_packs + stage * (HC + 1) * threads;
+    if (active) {
+#pragma unroll
+      for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
+      cp_async16(st + HC * threads + pack, in + row * np + pack);
+    }
+    for (int i = pack; i < kMixes; i += threads) {
+      if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
+      else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
+      else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
+    }
+    cp_async_commit();
+  };
+
+  int stage = 0;
+  int64_t row = blockIdx.x;
+  if (row < p.m) prefetch(row, 0);
+  for (; row < p.m; row += gridDim.x, stage ^= 1) {
+    // The next row goes into the other stage, whose last readers finished: every thread passed
+    // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
+    // its last read of that stage's mixes, and reads only the packs it copied itself.
+    const int64_t next = row + gridDim.x;
+    if (next < p.m) prefetch(next, stage ^ 1);
+    else cp_async_commit();  // an empty group: "all but the newest" stays this row's
+    cp_async_wait_all_but_newest();
+    __syncthreads();  // the mixes other threads copied are visible
+    const uint4* st = stage_packs + stage * (HC + 1) * threads;
+    uint4 res[HC];
+    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (active) {
+#pragma unroll
+      for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+      float f[8];
+      unpack_bf16(st[HC * threads + pack], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(0.0f, f[e]);  // -0.0 -> +0.0, as the protocols
+      unpack_bf16(pack_bf16(y), y);
+    }
+    epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
+    if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
+  }
+  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 }
 
 // --- Dispatch -------------------------------------------------------------------------------
@@ -400,6 +504,49 @@ ConsumerFn consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
     case 8: return consumer_for<8>(in, v);
   }
   return nullptr;
+}
+
+ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
+  auto pick = [v](auto plain, auto mxfp8, auto residual_only) -> ConsumerFn {
+    return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8 : residual_only;
+  };
+  switch (hc) {
+#define MHCCL_STREAMING(H)                                                      \
+  case H:                                                                        \
+    return pick(mhc_consumer_streaming_kernel<H, ConsumerVariant::kPlain>,       \
+                mhc_consumer_streaming_kernel<H, ConsumerVariant::kMxfp8>,       \
+                mhc_consumer_streaming_kernel<H, ConsumerVariant::kResidualOnly>);
+    MHCCL_STREAMING(1)
+    MHCCL_STREAMING(2)
+    MHCCL_STREAMING(4)
+    MHCCL_STREAMING(8)
+#undef MHCCL_STREAMING
+  }
+  return nullptr;
+}
+
+// CTAs of the streaming consumer resident at once on the current device (0: it cannot run),
+// with its dynamic shared memory allowed first (once per kernel: a function attribute).
+int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<ConsumerFn, int>, int> known;  // (kernel, device) -> CTAs per SM
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({fn, device});
+  if (it == known.end()) {
+    int per_sm = 0;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
+      per_sm = 0;
+    }
+    it = known.emplace(std::make_pair(fn, device), per_sm).first;
+  }
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return it->second * sms;
 }
 
 template <class Params>
@@ -461,6 +608,28 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl) {
+  if (input == ConsumerInput::kDirect && p.tiling.ctas_per_row == 1 && p.streaming_min_rows != 0 &&
+      p.m > 1) {
+    ConsumerFn fn = streaming_consumer_for(hc, variant);
+    const int threads = p.tiling.threads;
+    const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
+    const int resident = smem <= kMaxStreamingSmem ? streaming_resident_ctas(fn, threads, smem) : 0;
+    const bool stream_rows = resident > 0 && (p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows
+                                                                       : p.m > resident);
+    if (stream_rows) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(p.m, resident)));
+      cfg.blockDim = dim3(static_cast<unsigned>(threads));
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr.val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = pdl ? 1 : 0;
+      return cudaLaunchKernelEx(&cfg, fn, p);
+    }
+  }
   ConsumerFn fn = consumer_for(hc, input, variant);
   if (fn == nullptr) return cudaErrorInvalidValue;
   return launch_rows(fn, p, p.tiling, p.m, stream, pdl);

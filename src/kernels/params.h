@@ -114,6 +114,9 @@ enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
 constexpr int kMaxSingleLaunchCtas = 96;
 // CTAs a row of a small-M call spreads over (a cluster), when the single-launch grid allows.
 constexpr int kSmallMCtasPerRow = 5;
+// Dynamic shared memory the streaming consumer may take: 2 stages of (hc + 1) packs a thread
+// (hc = 8 at 512 threads: 144 KiB; hc = 4 at 640: 100 KiB).
+constexpr size_t kMaxStreamingSmem = 160 * 1024;
 
 struct ConsumerParams {
   // griddepcontrol.wait before reading anything: needed when this kernel is the call's first
@@ -152,6 +155,9 @@ struct ConsumerParams {
   int np;
   RowTiling tiling;
   ErrorSink err;
+  // kDirect with one CTA a row: from this many rows the streaming (persistent, prefetching)
+  // consumer runs; -1: when M exceeds the CTAs resident at once; 0: never.
+  int64_t streaming_min_rows;
 };
 
 struct OwnerReduceParams {

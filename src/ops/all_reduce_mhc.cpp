@@ -144,6 +144,7 @@ struct AllReduceMHC::Impl {
     cp.err = c.sink(op);
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
+    cp.streaming_min_rows = cfg.streaming_min_rows;
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                                                 : ConsumerVariant::kPlain;
@@ -260,6 +261,8 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   }
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
+  // Benchmark A/B only (per rank; the consumer's launch shape needs no agreement between ranks).
+  if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
   detail::DeviceGuard guard(c.device);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;

@@ -169,6 +169,34 @@ TEST_P(AllReduceMHCTest, SingleLaunchEqualsTwoLaunches) {
   comm().check_errors();
 }
 
+// The streaming (persistent, prefetching) direct consumer against the CTA-per-row one: TP=1
+// calls, and at TP=2 the NCCL fallback's consumer; every shape whose row fits one CTA, M across
+// the resident-CTA count, every variant; bits equal and right.
+TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
+  MHCCL_REQUIRE_TP(tp());
+  struct Shape { int64_t h; int hc; };
+  for (const Shape sh : {Shape{5120, 4}, Shape{4096, 8}, Shape{2880, 2}, Shape{512, 4}, Shape{64, 1}}) {
+    const int64_t cap = sh.h >= 4096 ? 300 : 600;
+    AllReduceMHCConfig streaming = config(sh.h, sh.hc, cap, cap + 1), per_row = streaming;
+    streaming.streaming_min_rows = 1;  // every M > 1
+    per_row.streaming_min_rows = 0;    // never
+    AllReduceMHC a(comm(), streaming), b(comm(), per_row);
+    CallBuffers buf(cap, sh.h, sh.hc, 6);
+    const Protocol proto = tp() > 1 ? Protocol::kNccl : Protocol::kAuto;
+    uint64_t seed = 70000 + sh.h + sh.hc;
+    for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
+      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+        if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
+        const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), false);
+        const Outputs x = run(a, buf, p, v, proto, "streaming");
+        const Outputs y = run(b, buf, p, v, proto, "row per CTA");
+        EXPECT_EQ(x.hash(), y.hash()) << "H=" << sh.h << " hc=" << sh.hc << " M=" << m << " " << variant_name(v);
+      }
+    }
+  }
+  comm().check_errors();
+}
+
 TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   MHCCL_REQUIRE_TP(tp());
   AllReduceMHC op(comm(), config(5120, 4, 128, 65));
