@@ -34,7 +34,7 @@ using kernels::PublishParams;
 // CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp
 // rows per row). For call, two-shot's extra hop pays from 2048 rows on (2% at 2048-8192). For
 // finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
-// under the NVLink stores and two-shot serializes before the owners' reduce (15-17% slower at
+// under the NVLink stores and two-shot serializes before the owners' reduce (17% slower at
 // 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
 // TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
 // (TP=4) or a quarter (TP=8) of the bytes.
