@@ -60,6 +60,8 @@ struct AllReduceMHCConfig {
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).
 // Every tensor is a contiguous CUDA tensor on the communicator's device; BF16 and 8-bit tensors
 // 16-byte aligned, FP32/int32 ones 4-byte aligned. M is the number of rows of the call.
+// Outputs may not overlap inputs or each other, except residual_out == residual exactly (an
+// in-place update); overlap is not checked.
 struct MHCEpilogueArgs {
   const DLTensor* residual = nullptr;     // [M, hc, H] BF16 residual streams
   const DLTensor* post = nullptr;         // [M, hc] or [M, hc, 1] FP32 post-mix
@@ -76,7 +78,7 @@ struct MHCEpilogueArgs {
 struct AllReduceMHCCallArgs {
   const DLTensor* x = nullptr;  // [M, H] BF16: this rank's partial sublayer output
   MHCEpilogueArgs epilogue;
-  Protocol protocol = Protocol::kAuto;
+  Protocol protocol = Protocol::kAuto;  // at TP=1 there is no protocol: ignored (x read directly)
 };
 
 struct AllReduceMHCFinalizeArgs {
