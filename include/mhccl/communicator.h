@@ -62,7 +62,9 @@ class Communicator {
   // no rank drops a call its peers make).
   // Destruction after a peer timeout (reported or still pending in the record) waits for no
   // peer: the ops' symmetric windows are not deregistered and an owned NCCL communicator is
-  // released with ncclCommAbort, so a rank whose peer died can tear down and exit.
+  // released with ncclCommAbort, so a rank whose peer died can tear down and exit. Around a
+  // caller's ncclComm_t, abort it after destroying this; the ops' mailboxes are then
+  // reclaimed only when the process ends.
   void check_errors();
   bool usable() const;
 

@@ -268,10 +268,12 @@ SymmetricBuffer::~SymmetricBuffer() {
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
   cudaDeviceSynchronize();
-  if (st.comm->peer_failed() && st.comm->owns_comm) {
-    // Deregistration may wait for a dead peer: ncclCommAbort releases the window later, and
-    // the communicator frees the memory after it.
-    if (st.ptr) st.comm->orphaned.push_back(st.ptr);
+  if (st.comm->peer_failed()) {
+    // Deregistration may wait for a dead peer. An owned communicator is aborted, which releases
+    // the window, and frees the memory after that. Around the caller's ncclComm_t the window
+    // stays registered until the caller aborts it, so the memory is left to the process's end
+    // rather than freed under a live window.
+    if (st.ptr && st.comm->owns_comm) st.comm->orphaned.push_back(st.ptr);
   } else {
     if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
     if (st.ptr) ncclMemFree(st.ptr);
