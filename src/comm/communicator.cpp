@@ -65,12 +65,12 @@ void init_common(Communicator::Impl& im) {
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
   MHCCL_CUDA(cudaMalloc(&im.barrier_word, sizeof(int)));
-  MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.record), sizeof(kernels::ErrorRecord),
+  MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.record), 2 * sizeof(kernels::ErrorRecord),
                            cudaHostAllocMapped));
-  std::memset(im.record, 0, sizeof(kernels::ErrorRecord));
+  std::memset(im.record, 0, 2 * sizeof(kernels::ErrorRecord));
   MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.record_device), im.record, 0));
-  MHCCL_CUDA(cudaMalloc(&im.device_words, 2 * sizeof(uint32_t)));
-  MHCCL_CUDA(cudaMemset(im.device_words, 0, 2 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMalloc(&im.device_words, 3 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMemset(im.device_words, 0, 3 * sizeof(uint32_t)));
   im.reachable = im.tp == 1 || comm::lsa_team_size(im.comm) == im.tp;
   if (im.options.force_nccl_fallback) im.reachable = false;
   MHCCL_CUDA(cudaDeviceSynchronize());
@@ -82,34 +82,46 @@ Communicator::Impl::~Impl() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
-  if (setup_stream) cudaStreamSynchronize(setup_stream);
+  // After a peer timeout the peers may be dead and kernels (an NCCL collective of this
+  // communicator) may wait for them: abort first, which waits for nobody and stops NCCL's
+  // kernels, before anything that synchronizes the device.
   const bool failed = peer_failed();
+  if (owns_comm && comm && failed) {
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  if (setup_stream) cudaStreamSynchronize(setup_stream);
   if (record) cudaFreeHost(record);
   record = nullptr;
   if (device_words) cudaFree(device_words);
   if (barrier_word) cudaFree(barrier_word);
   if (setup_stream) cudaStreamDestroy(setup_stream);
-  if (owns_comm && comm) {
-    // After a peer timeout the peers may be dead: abort, which waits for nobody.
-    if (failed) ncclCommAbort(comm);
-    else ncclCommDestroy(comm);
-  }
+  if (owns_comm && comm) ncclCommDestroy(comm);
   for (void* p : orphaned) ncclMemFree(p);
+  for (void* p : orphaned_device) cudaFree(p);
   if (prev >= 0) cudaSetDevice(prev);
+}
+
+void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
+  if (peer_failed()) {
+    for (void* p : ptrs) if (p) orphaned_device.push_back(p);
+    return;
+  }
+  detail::release_device_memory(device, ptrs);
 }
 
 bool Communicator::Impl::peer_failed() const {
   if (unusable) return true;
   if (record == nullptr) return false;
-  const volatile kernels::ErrorRecord* r = record;
-  return r->ready == r->epoch + 1 && r->code == kernels::kWaitTimeout;
+  const volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
+  return r->ready == r->epoch + 1;
 }
 
 kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
   kernels::ErrorSink s;
-  s.record = record_device;
-  s.claim = device_words;
-  s.abort_flag = device_words + 1;
+  s.records = record_device;
+  s.claims = device_words;
+  s.abort_flag = device_words + 2;
   s.timeout_ns = options.wait_timeout_ms * 1000000ull;
   s.op = op;
   return s;
@@ -117,13 +129,17 @@ kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
 
 void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason);
-  volatile kernels::ErrorRecord* r = record;
+  // A timeout first (fatal), then, for check_errors() only, a route report.
+  volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
+  if (r->ready != r->epoch + 1) {
+    if (!report_routes) return;  // route reports are left for check_errors()
+    r = record + kernels::kRouteRecord;
+    if (r->ready != r->epoch + 1) return;
+  }
   const uint32_t epoch = r->epoch;
-  if (r->ready != epoch + 1) return;
-  if (r->code != kernels::kWaitTimeout && !report_routes) return;  // left for check_errors()
   const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
                                r->generation, r->row, r->value};
-  r->epoch = epoch + 1;  // consumed: the next error may be recorded
+  r->epoch = epoch + 1;  // consumed: the next error of its kind may be recorded
   // Built without iostreams (see src/ops/checks.cpp).
   if (e.code == kernels::kWaitTimeout) {
     const std::string peer = std::to_string(e.peer);
@@ -267,8 +283,11 @@ SymmetricBuffer::~SymmetricBuffer() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
-  cudaDeviceSynchronize();
-  if (st.comm->peer_failed()) {
+  const bool failed = st.comm->peer_failed();
+  // After a peer failure nothing here may wait: the memory is freed (if at all) only after the
+  // communicator's ncclCommAbort, and the kernels that used it were told to stop (abort flag).
+  if (!failed) cudaDeviceSynchronize();
+  if (failed) {
     // Deregistration may wait for a dead peer. An owned communicator is aborted, which releases
     // the window, and frees the memory after that. Around the caller's ncclComm_t the window
     // stays registered until the caller aborts it, so the memory is left to the process's end
@@ -278,7 +297,7 @@ SymmetricBuffer::~SymmetricBuffer() {
     if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
     if (st.ptr) ncclMemFree(st.ptr);
   }
-  if (peers_device_) cudaFree(peers_device_);
+  st.comm->release({peers_device_});
   if (prev >= 0) cudaSetDevice(prev);
 }
 

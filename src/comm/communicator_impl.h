@@ -1,6 +1,7 @@
 // Communicator internals shared by the ops (not installed).
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,18 +23,23 @@ struct Communicator::Impl {
   int* barrier_word = nullptr;          // device int for the construction barrier
 
   // Error reporting (kernels/params.h, ErrorRecord).
-  kernels::ErrorRecord* record = nullptr;         // pinned, host-mapped
-  kernels::ErrorRecord* record_device = nullptr;  // its device address
-  uint32_t* device_words = nullptr;               // [0] claim, [1] abort flag
+  kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
+  kernels::ErrorRecord* record_device = nullptr;  // their device address
+  uint32_t* device_words = nullptr;               // [0, 1] the records' claims, [2] abort flag
   bool unusable = false;
   std::string unusable_reason;
   // Symmetric allocations left by buffers destroyed after a peer failed: freed only after
   // ncclCommAbort has released their windows (deregistration may wait for the dead peer).
   std::vector<void*> orphaned;
+  std::vector<void*> orphaned_device;  // cudaMalloc'ed, likewise freed after the abort
 
   // A peer timed out (reported, or recorded and not yet reported): teardown must not wait for
   // the peers (no window deregistration, ncclCommAbort instead of ncclCommDestroy).
   bool peer_failed() const;
+  // Frees device memory of an op or buffer built on this communicator: at once (after a device
+  // synchronization) normally; after a peer failure only after the abort, at destruction (a
+  // synchronization could wait for an NCCL kernel stuck on the dead peer).
+  void release(std::initializer_list<void*> ptrs);
   ~Impl();
   // An error sink for kernels of operation `op`.
   kernels::ErrorSink sink(uint32_t op) const;

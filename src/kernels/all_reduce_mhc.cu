@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include <cooperative_groups.h>
@@ -529,11 +530,13 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
 // with its dynamic shared memory allowed first (once per kernel: a function attribute).
 int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
   static std::mutex mu;
-  static std::map<std::pair<ConsumerFn, int>, int> known;  // (kernel, device) -> CTAs per SM
+  // (kernel, device, threads, shared memory) -> CTAs per SM (both sizes depend on H)
+  static std::map<std::tuple<ConsumerFn, int, int, size_t>, int> known;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find({fn, device});
+  const auto key = std::make_tuple(fn, device, threads, smem);
+  auto it = known.find(key);
   if (it == known.end()) {
     int per_sm = 0;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -542,7 +545,7 @@ int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
       cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
       per_sm = 0;
     }
-    it = known.emplace(std::make_pair(fn, device), per_sm).first;
+    it = known.emplace(key, per_sm).first;
   }
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

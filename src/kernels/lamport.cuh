@@ -97,9 +97,10 @@ __device__ __forceinline__ void store_to_ranks(void* const (&targets)[kMaxTp], i
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,
                                              int64_t value) {
-  volatile ErrorRecord* r = e.record;
+  const int slot = code == kWaitTimeout ? kTimeoutRecord : kRouteRecord;
+  volatile ErrorRecord* r = e.records + slot;
   const uint32_t epoch = r->epoch;
-  if (atomicCAS(e.claim, epoch, epoch + 1) != epoch) return;  // an earlier error stands
+  if (atomicCAS(e.claims + slot, epoch, epoch + 1) != epoch) return;  // an earlier one stands
   r->code = code;
   r->op = e.op;
   r->protocol = protocol;

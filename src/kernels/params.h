@@ -15,10 +15,12 @@ constexpr int kMaxThreadsPerCta = 640;  // a 5120-wide row on one CTA; 96 regist
 constexpr int max_threads_per_cta(int hc) { return hc == 8 ? 512 : kMaxThreadsPerCta; }
 constexpr int kMaxCtasPerRow = 8;  // portable cluster size
 
-// What a kernel's bounded wait or a finalize route check records, in host-mapped memory. The
-// host owns `epoch`; a kernel claims the record with a CAS of a device word from epoch to
-// epoch + 1 (the first error wins), writes the fields, then sets ready = epoch + 1 last, so the
-// host never reads a half-written record. The host consumes it by advancing epoch.
+// What a kernel's bounded wait or a finalize route check records, in host-mapped memory: two
+// records, [kTimeoutRecord] for expired waits and [kRouteRecord] for bad routes, so that a route
+// report nobody has read yet never hides a later timeout. The host owns `epoch`; a kernel claims
+// a record with a CAS of its device claim word from epoch to epoch + 1 (the first error of its
+// kind wins), writes the fields, then sets ready = epoch + 1 last, so the host never reads a
+// half-written record. The host consumes it by advancing epoch.
 enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2 };
 enum OpKind : uint32_t { kOpAllGather = 1, kOpAllReduceCall = 2, kOpAllReduceFinalize = 3 };
 enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProtoTwoShotReduced = 3,
@@ -36,9 +38,12 @@ struct ErrorRecord {
   int64_t value;       // the bad route index
 };
 
+constexpr int kTimeoutRecord = 0;
+constexpr int kRouteRecord = 1;
+
 struct ErrorSink {
-  ErrorRecord* record;   // host-mapped, pinned
-  uint32_t* claim;       // device memory: CAS target, equal to the record's epoch while free
+  ErrorRecord* records;  // [2] host-mapped, pinned
+  uint32_t* claims;      // [2] device memory: CAS targets, equal to their record's epoch while free
   uint32_t* abort_flag;  // device memory: set once a wait expired, so other waits stop early
   uint64_t timeout_ns;   // spin budget of one wait
   uint32_t op;

@@ -19,7 +19,7 @@ struct LamportAllGather::Impl {
   int packs_per_cta = 0;    // launch shape; 0: default (MHCCL_ALLGATHER_PACKS_PER_CTA overrides)
 
   ~Impl() {
-    if (comm) detail::release_device_memory(comm->device, {state, staging});
+    if (comm) comm->release({state, staging});
   }
 };
 

@@ -67,7 +67,7 @@ struct AllReduceMHC::Impl {
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
 
   ~Impl() {
-    if (comm) detail::release_device_memory(comm->device, {states, fallback_rows});
+    if (comm) comm->release({states, fallback_rows});
   }
 
   int64_t threshold(bool finalize) const {
