@@ -98,6 +98,36 @@ TEST_P(AllReduceMHCTest, ProtocolsGiveIdenticalBits) {
   comm().check_errors();
 }
 
+// Issue 5: M around the default TP=2 threshold (2048) and at large M, with the default
+// thresholds, every variant, call and finalize, against the reference; at TP=2 one-shot,
+// two-shot and the NCCL fallback give identical bits at the same M. (At TP=1 these M run the
+// streaming consumer.)
+TEST_P(AllReduceMHCTest, LargeMAcrossDefaultThresholds) {
+  MHCCL_REQUIRE_TP(tp());
+  constexpr int64_t kCap = 4096;
+  AllReduceMHC op(comm(), config(5120, 4, kCap));  // default thresholds
+  CallBuffers b(kCap, 5120, 4, 6);
+  uint64_t seed = 80000;
+  for (int64_t m : {int64_t{1000}, int64_t{2047}, int64_t{2048}, int64_t{2049}, kCap}) {
+    for (bool fin : {false, true}) {
+      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+        run(op, b, testing::make_problem(seed++, m, 5120, 4, tp(), fin), v, Protocol::kAuto, "default thresholds");
+      }
+    }
+  }
+  if (tp() > 1) {
+    for (int64_t m : {int64_t{2047}, int64_t{2049}, kCap}) {
+      const Problem p = testing::make_problem(seed++, m, 5120, 4, tp(), false);
+      const Outputs one = run(op, b, p, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
+      const Outputs two = run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "two-shot");
+      const Outputs nccl = run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "nccl");
+      EXPECT_EQ(one.hash(), two.hash()) << "one-shot vs two-shot M=" << m;
+      EXPECT_EQ(one.hash(), nccl.hash()) << "one-shot vs NCCL fallback M=" << m;
+    }
+  }
+  comm().check_errors();
+}
+
 TEST_P(AllReduceMHCTest, OtherShapes) {
   MHCCL_REQUIRE_TP(tp());
   uint64_t seed = 1000;
