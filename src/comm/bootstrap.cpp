@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <thread>
 
 #include "common/check.h"
@@ -64,10 +63,12 @@ ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms) {
   if (env.rank == 0) {
     id = Communicator::make_unique_id();
     const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(id.internal, sizeof id.internal);
-      if (!f) throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: cannot write " + tmp);
+    // stdio, not iostreams (see src/ops/checks.cpp on the library's C++ runtime).
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    const bool written = f != nullptr && std::fwrite(id.internal, 1, sizeof id.internal, f) == sizeof id.internal;
+    if (f != nullptr && std::fclose(f) != 0) f = nullptr;
+    if (!written || f == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: cannot write " + tmp);
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
       throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: cannot rename to " + path);
@@ -76,8 +77,11 @@ ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms) {
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    std::ifstream f(path, std::ios::binary);
-    if (f && f.read(id.internal, sizeof id.internal)) return id;
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      const bool got = std::fread(id.internal, 1, sizeof id.internal, f) == sizeof id.internal;
+      std::fclose(f);
+      if (got) return id;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: rank 0 wrote no id to " +
                                                    path + " within " + std::to_string(timeout_ms) + " ms");

@@ -1,10 +1,14 @@
 // The local launcher: environment of each rank, exit codes, killing the group on a failure or
 // at the deadline.
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
 #include "launch/launcher.h"
+#include "mhccl/bootstrap.h"
+#include "mhccl/error.h"
 
 namespace mhccl::launch {
 namespace {
@@ -58,6 +62,31 @@ TEST(Launcher, GraceLetsTheOthersEndByThemselves) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 20.0);
   EXPECT_EQ(k.exit_code, 3);
   EXPECT_EQ(k.rank_codes[0], 128 + 15);
+}
+
+// A rank other than 0 reads the id rank 0 wrote (128 bytes), or gives up at its deadline.
+TEST(Bootstrap, UniqueIdFileIsReadOrTimesOut) {
+  const std::string path = ::testing::TempDir() + "mhccl_uid_test";
+  std::remove(path.c_str());
+  mhccl::RankEnvironment env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.unique_id_file = path;
+  try {
+    mhccl::share_unique_id(env, 50);
+    ADD_FAILURE() << "no timeout";
+  } catch (const mhccl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
+  }
+  char bytes[128];
+  for (int i = 0; i < 128; ++i) bytes[i] = static_cast<char>(i * 7 + 1);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes, 1, 128, f), 128u);
+  std::fclose(f);
+  const ncclUniqueId id = mhccl::share_unique_id(env, 1000);
+  EXPECT_EQ(std::memcmp(id.internal, bytes, 128), 0);
+  std::remove(path.c_str());
 }
 
 TEST(Launcher, DeadlineKillsEveryRank) {
