@@ -283,17 +283,15 @@ SymmetricBuffer::~SymmetricBuffer() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
-  const bool failed = st.comm->peer_failed();
-  // After a peer failure nothing here may wait: the memory is freed (if at all) only after the
-  // communicator's ncclCommAbort, and the kernels that used it were told to stop (abort flag).
-  if (!failed) cudaDeviceSynchronize();
-  if (failed) {
-    // Deregistration may wait for a dead peer. An owned communicator is aborted, which releases
-    // the window, and frees the memory after that. Around the caller's ncclComm_t the window
-    // stays registered until the caller aborts it, so the memory is left to the process's end
-    // rather than freed under a live window.
+  if (st.comm->peer_failed()) {
+    // Nothing here may wait: no device synchronization, no deregistration (it may wait for a
+    // dead peer). An owned communicator is aborted, which releases the window, and frees the
+    // memory after that. Around the caller's ncclComm_t the window stays registered until the
+    // caller aborts it, so the memory is left to the process's end rather than freed under a
+    // live window.
     if (st.ptr && st.comm->owns_comm) st.comm->orphaned.push_back(st.ptr);
   } else {
+    cudaDeviceSynchronize();
     if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
     if (st.ptr) ncclMemFree(st.ptr);
   }

@@ -95,16 +95,8 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
   const int64_t per = p.packs_per_cta > 0 ? p.packs_per_cta : kAllGatherPacksPerCta;
   const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(kAllGatherMaxCtas, (p.packs + per - 1) / per));
   const int64_t threads = std::min<int64_t>(kAllGatherThreads, ((p.packs + ctas - 1) / ctas + 31) / 32 * 32);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
-  cfg.blockDim = dim3(static_cast<unsigned>(std::max<int64_t>(32, threads)));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, all_gather_kernel, p);
+  return launch_ex(all_gather_kernel, p, dim3(static_cast<unsigned>(ctas)),
+                   dim3(static_cast<unsigned>(std::max<int64_t>(32, threads))), 0, stream, pdl);
 }
 
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream) {

@@ -530,7 +530,7 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
 // with its dynamic shared memory allowed first (once per kernel: a function attribute).
 int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
   static std::mutex mu;
-  // (kernel, device, threads, shared memory) -> CTAs per SM (both sizes depend on H)
+  // (kernel, device, threads, shared memory) -> CTAs resident at once (both sizes depend on H)
   static std::map<std::tuple<ConsumerFn, int, int, size_t>, int> known;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
@@ -545,38 +545,20 @@ int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
       cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
       per_sm = 0;
     }
-    it = known.emplace(key, per_sm).first;
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    it = known.emplace(key, per_sm * sms).first;
   }
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return it->second * sms;
+  return it->second;
 }
 
 template <class Params>
 cudaError_t launch_rows(void (*kernel)(Params), const Params& params, const RowTiling& t,
                         int64_t rows, cudaStream_t stream, bool pdl) {
   if (rows <= 0) return cudaSuccess;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows * t.ctas_per_row));
-  cfg.blockDim = dim3(static_cast<unsigned>(t.threads));
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (t.ctas_per_row > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = static_cast<unsigned>(t.ctas_per_row);
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  return launch_ex(kernel, params, dim3(static_cast<unsigned>(rows * t.ctas_per_row)),
+                   dim3(static_cast<unsigned>(t.threads)), 0, stream, pdl,
+                   static_cast<unsigned>(t.ctas_per_row));
 }
 
 }  // namespace
@@ -620,17 +602,8 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
     const bool stream_rows = resident > 0 && (p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows
                                                                        : p.m > resident);
     if (stream_rows) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(p.m, resident)));
-      cfg.blockDim = dim3(static_cast<unsigned>(threads));
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr.val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = pdl ? 1 : 0;
-      return cudaLaunchKernelEx(&cfg, fn, p);
+      return launch_ex(fn, p, dim3(static_cast<unsigned>(std::min<int64_t>(p.m, resident))),
+                       dim3(static_cast<unsigned>(threads)), smem, stream, pdl);
     }
   }
   ConsumerFn fn = consumer_for(hc, input, variant);

@@ -7,6 +7,36 @@
 
 namespace mhccl::kernels {
 
+// cudaLaunchKernelEx of `kernel` with programmatic dependent launch (when `pdl`) and a
+// thread-block cluster of `cluster_x` CTAs (when > 1): the one launch configuration of every
+// mhccl kernel that needs either.
+template <class Params>
+cudaError_t launch_ex(void (*kernel)(Params), const Params& params, dim3 grid, dim3 block,
+                      size_t smem, cudaStream_t stream, bool pdl, unsigned cluster_x = 1) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster_x;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
+}
+
 // The tiling of rows of np packs for an epilogue over hc streams (rank-invariant: a function of
 // its arguments only). ctas_per_row == 0: the least that fits; otherwise at least that.
 RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row = 0);

@@ -71,22 +71,9 @@ __global__ void store_to_peer(const uint4* src, uint4* dst, size_t n) {
 }
 
 void launch(void (*k)(FloorParams), const FloorParams& p, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.m * p.tiling.ctas_per_row));
-  cfg.blockDim = dim3(p.tiling.threads);
-  cfg.stream = s;
-  cudaLaunchAttribute a[2];
-  a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a[0].val.programmaticStreamSerializationAllowed = 1;
-  int n = 1;
-  if (p.tiling.ctas_per_row > 1) {
-    a[1].id = cudaLaunchAttributeClusterDimension;
-    a[1].val.clusterDim = {static_cast<unsigned>(p.tiling.ctas_per_row), 1, 1};
-    ++n;
-  }
-  cfg.attrs = a;
-  cfg.numAttrs = n;
-  MHCCL_TEST_CUDA(cudaLaunchKernelEx(&cfg, k, p));
+  MHCCL_TEST_CUDA(launch_ex(k, p, dim3(static_cast<unsigned>(p.m * p.tiling.ctas_per_row)),
+                            dim3(p.tiling.threads), 0, s, /*pdl=*/true,
+                            static_cast<unsigned>(p.tiling.ctas_per_row)));
 }
 
 }  // namespace

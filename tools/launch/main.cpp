@@ -31,20 +31,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       opts.nprocs = static_cast<int>(n);
-    } else if (a == "--timeout" && i + 1 < argc) {
+    } else if ((a == "--timeout" || a == "--grace") && i + 1 < argc) {
       const long t = parse_count(argv[++i]);
       if (t < 0) {
-        std::fprintf(stderr, "mhccl-launch: --timeout expects whole seconds >= 0, got '%s'\n", argv[i]);
+        std::fprintf(stderr, "mhccl-launch: %s expects whole seconds >= 0, got '%s'\n", a.c_str(), argv[i]);
         return 2;
       }
-      opts.timeout_s = static_cast<double>(t);
-    } else if (a == "--grace" && i + 1 < argc) {
-      const long g = parse_count(argv[++i]);
-      if (g < 0) {
-        std::fprintf(stderr, "mhccl-launch: --grace expects whole seconds >= 0, got '%s'\n", argv[i]);
-        return 2;
-      }
-      opts.grace_s = static_cast<double>(g);
+      (a == "--timeout" ? opts.timeout_s : opts.grace_s) = static_cast<double>(t);
     } else if (a == "--no-prefix") {
       opts.prefix_output = false;
     } else if (a == "-h" || a == "--help") {
