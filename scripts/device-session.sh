@@ -66,11 +66,11 @@ if [[ " $stages " == *" python "* ]]; then
   echo "example rc=$?"; tail -6 "$OUT/example.log"
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
-  # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck at TP=1 and TP=2,
-  # racecheck and synccheck at TP=1 (shared memory and barriers do not depend on the peer).
+  # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck, racecheck and
+  # synccheck at TP=1 and TP=2 (SAN_TPS); filters SAN_FILTER (memcheck) and RS_FILTER.
   # API errors are not reported: NCCL's init probes kernels with cudaFuncGetAttributes and gets
   # cudaErrorNoKernelImageForDevice for images it does not carry (handled inside NCCL).
-  SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
+  SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*StreamingConsumerEqualsRowPerCta*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
   san() {  # tool tp filter
     local log="$OUT/sanitize-$1-tp$2.log"
     local cmd=(compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 --print-limit 20 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 "--gtest_filter=$3")
@@ -81,8 +81,10 @@ if [[ " $stages " == *" sanitize "* ]]; then
   }
   san memcheck 1 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp1/g')"
   san memcheck 2 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp2/g')"
-  san racecheck 1 "*Dsv41EveryVariantEveryM*tp1:*AllGather.SizesAgainstReference*tp1"
-  san synccheck 1 "*Dsv41EveryVariantEveryM*tp1:*AllGather.SizesAgainstReference*tp1"
+  RS_FILTER=${RS_FILTER:-*Dsv41EveryVariantEveryM*:*StreamingConsumerEqualsRowPerCta*:*ProtocolsGiveIdenticalBits*:*AllGather.SizesAgainstReference*}
+  for tool in racecheck synccheck; do
+    for tp in ${SAN_TPS:-1 2}; do san $tool $tp "$(echo "$RS_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
+  done
 fi
 if [[ " $stages " == *" profile "* ]]; then
   stamp "ncu: the TP=1 consumer at M=1"
