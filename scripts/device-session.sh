@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
-# python, sanitize, profile, bench, sweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+# python, sanitize, profile, bench, ab, sweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -99,6 +99,21 @@ if [[ " $stages " == *" bench "* ]]; then
   echo "bench rc=$?"
   grep -E "FAIL|failed|error" "$OUT/bench.log" | head -20
   grep -E "^  (call|finalize) +plain +(1|8|64|128) |all checks|FAILED" "$OUT/bench.log" | head -30
+fi
+if [[ " $stages " == *" ab "* ]]; then
+  # A/B of the AllReduceMHC kernels at TP=2 in one session, alternated (new, old, AB_ROUNDS times):
+  # "new" is the build's default; "old" sets AB_OLD_ENV (default: the cluster.sync() RMS sum
+  # and publish + consumer instead of the persistent one-shot).
+  for i in $(seq ${AB_ROUNDS:-1}); do
+    for which in new old; do
+      stamp "ab: $which ($i)"
+      envs=(); [[ $which == old ]] && envs=(${AB_OLD_ENV:-MHCCL_CLUSTER_SUM=barrier MHCCL_ONESHOT_STREAMING_MIN_ROWS=0})
+      env "${envs[@]}" timeout ${AB_TIMEOUT:-120} "$B/tools/bench/mhccl-bench" --tp 2 --ops ${AB_OPS:-allreduce,twoshot} --no-check \
+        --json "$OUT/ab-$which-$i.json" > "$OUT/ab-$which-$i.log" 2>&1
+      echo "bench rc=$?"
+      grep -E "^  (call|finalize) +(plain|mxfp8) +(1|8|64|128) one|^  (call|finalize) +(128|256|1024|4096|8192) " "$OUT/ab-$which-$i.log" | awk -v w="$which$i" '{print w, $0}'
+    done
+  done
 fi
 if [[ " $stages " == *" sweep "* ]]; then
   # Tiling experiment: CTAs per row forced for every M (MHCCL_CTAS_PER_ROW), all-reduce only.

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "mhccl/bf16.h"
@@ -15,11 +17,42 @@
 
 namespace mhccl::testing {
 
-// Roughly normal (Irwin-Hall: four uniforms of one 64-bit draw), fast enough for millions of
-// values per call; never zero.
-inline uint16_t random_bf16(std::mt19937_64& rng, float scale) {
+// Runs fn(begin, end) over [0, n) split into chunks of `grain` on up to hardware_concurrency
+// threads (the tests' and the bench's CPU side: problem generation and the reference at
+// M = 4096 would otherwise take longer than the GPU work by far). Chunk boundaries depend on n
+// and grain only, so results never depend on the thread count.
+template <class Fn>
+void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int64_t threads = std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (int64_t c = 0; c < chunks; ++c) fn(c * grain, std::min(n, (c + 1) * grain));
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int64_t c; (c = next.fetch_add(1)) < chunks;) fn(c * grain, std::min(n, (c + 1) * grain));
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// splitmix64: the per-chunk generator of bulk fills (fast, and seeded independently per chunk).
+inline uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Roughly normal (Irwin-Hall: four uniforms of one 64-bit draw) BF16 of standard deviation
+// `scale`; never zero.
+template <class Next>
+inline uint16_t random_bf16(Next&& next, float scale) {
   for (;;) {
-    const uint64_t u = rng();
+    const uint64_t u = next();
     const float s = float((u & 0xFFFF) + ((u >> 16) & 0xFFFF) + ((u >> 32) & 0xFFFF) + (u >> 48)) *
                         (1.0f / 65536.0f) - 2.0f;
     const uint16_t b = float_to_bf16(s * 1.7320508f * scale);
@@ -27,9 +60,16 @@ inline uint16_t random_bf16(std::mt19937_64& rng, float scale) {
   }
 }
 
+// n random BF16 values: one draw of `rng` seeds the fill, chunks of 2^16 values each get their
+// own splitmix64 stream (in parallel).
 inline void fill_bf16(std::mt19937_64& rng, std::vector<uint16_t>& v, size_t n, float scale) {
   v.resize(n);
-  for (auto& b : v) b = random_bf16(rng, scale);
+  const uint64_t seed = rng();
+  parallel_for(static_cast<int64_t>(n), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    uint64_t state = seed ^ (static_cast<uint64_t>(b) * 0xD1B54A32D192ED03ull);
+    auto next = [&state] { return splitmix64(state); };
+    for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)] = random_bf16(next, scale);
+  });
 }
 
 // post [m, hc], comb [m, hc, hc] ([source, target]), pre [m, hc].
@@ -143,15 +183,20 @@ inline std::vector<uint16_t> reference_y(const Problem& p) {
       xs[r] = p.x[r];
     } else {
       xs[r].resize(mh);
-      reference::finalize_rank_input(p.gemm2[r].data(), p.gemm2_rows, p.weights[r].data(),
-                                     p.routes[r].data(), p.shared[r].data(), p.m, p.h, p.top_k,
-                                     xs[r].data());
+      parallel_for(p.m, 64, [&](int64_t b, int64_t e) {  // rows are independent
+        const size_t k = static_cast<size_t>(b * p.top_k);
+        reference::finalize_rank_input(p.gemm2[r].data(), p.gemm2_rows, p.weights[r].data() + k,
+                                       p.routes[r].data() + k, p.shared[r].data() + b * p.h, e - b,
+                                       p.h, p.top_k, xs[r].data() + b * p.h);
+      });
     }
   }
-  std::vector<const uint16_t*> ptrs;
-  for (auto& x : xs) ptrs.push_back(x.data());
   std::vector<uint16_t> y(mh);
-  reference::all_reduce_bf16(ptrs, static_cast<int64_t>(mh), y.data());
+  parallel_for(static_cast<int64_t>(mh), int64_t{1} << 18, [&](int64_t b, int64_t e) {
+    std::vector<const uint16_t*> ptrs;
+    for (auto& x : xs) ptrs.push_back(x.data() + b);
+    reference::all_reduce_bf16(ptrs, e - b, y.data() + b);
+  });
   return y;
 }
 

@@ -151,7 +151,20 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
   const bool residual_only = v == Variant::kResidualOnly;
   const reference::MHCProblem mp = p.mhc(residual_only);
   std::vector<uint16_t> res_out(mh * p.hc), layer(residual_only ? 0 : mh);
-  reference::mhc_epilogue(mp, y.data(), res_out.data(), residual_only ? nullptr : layer.data());
+  // Rows [b, e) of the problem (the reference's rows are independent), for the thread pool.
+  auto rows = [&mp](int64_t b, int64_t e) {
+    reference::MHCProblem q = mp;
+    q.m = e - b;
+    q.residual += b * mp.hc * mp.h;
+    q.post += b * mp.hc;
+    q.comb += b * mp.hc * mp.hc;
+    if (q.pre != nullptr) q.pre += b * mp.hc;
+    return q;
+  };
+  parallel_for(p.m, 64, [&](int64_t b, int64_t e) {
+    reference::mhc_epilogue(rows(b, e), y.data() + b * p.h, res_out.data() + b * p.hc * p.h,
+                            residual_only ? nullptr : layer.data() + b * p.h);
+  });
   for (size_t i = 0; i < res_out.size(); ++i) {
     if (got.residual_out[i] != res_out[i]) {
       o << "residual_out[" << i / (p.hc * p.h) << ", " << (i / p.h) % p.hc << ", " << i % p.h
@@ -161,7 +174,9 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
   }
   if (residual_only) return "";
   std::vector<double> fp64(mh);
-  reference::layer_input_fp64(mp, got.residual_out.data(), fp64.data());
+  parallel_for(p.m, 64, [&](int64_t b, int64_t e) {
+    reference::layer_input_fp64(rows(b, e), got.residual_out.data() + b * p.hc * p.h, fp64.data() + b * p.h);
+  });
   for (size_t i = 0; i < mh; ++i) {
     const double d = reference::bf16_ulp_distance(got.layer_input[i], fp64[i]);
     if (!(d <= 1.0)) {
