@@ -102,12 +102,12 @@ if [[ " $stages " == *" bench "* ]]; then
 fi
 if [[ " $stages " == *" ab "* ]]; then
   # A/B of the AllReduceMHC kernels at TP=2 in one session, alternated (new, old, AB_ROUNDS times):
-  # "new" is the build's default; "old" sets AB_OLD_ENV (default: the cluster.sync() RMS sum
-  # and publish + consumer instead of the persistent one-shot).
+  # "new" is the build's default; "old" sets the variables in AB_OLD_ENV (e.g.
+  # AB_OLD_ENV="MHCCL_STREAMING_MIN_ROWS=0"; empty: the same build twice, a noise check).
   for i in $(seq ${AB_ROUNDS:-1}); do
     for which in new old; do
       stamp "ab: $which ($i)"
-      envs=(); [[ $which == old ]] && envs=(${AB_OLD_ENV:-MHCCL_CLUSTER_SUM=barrier MHCCL_ONESHOT_STREAMING_MIN_ROWS=0})
+      envs=(); [[ $which == old ]] && envs=(${AB_OLD_ENV:-})
       env "${envs[@]}" timeout ${AB_TIMEOUT:-120} "$B/tools/bench/mhccl-bench" --tp 2 --ops ${AB_OPS:-allreduce,twoshot} --no-check \
         --json "$OUT/ab-$which-$i.json" > "$OUT/ab-$which-$i.log" 2>&1
       echo "bench rc=$?"

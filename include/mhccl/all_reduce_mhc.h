@@ -55,12 +55,6 @@ struct AllReduceMHCConfig {
   // computes the current one (cp.async), from this many rows: the same bits, more of the HBM
   // bandwidth. -1: when M exceeds the CTAs resident at once; 0: never.
   int64_t streaming_min_rows = -1;
-  // One-shot calls (TP > 1) of rows that fit one CTA, beyond the single launch, run as one
-  // persistent kernel: each CTA publishes its next row before it polls the current one and
-  // prefetches the next row's residual streams while it computes (the waits overlap the HBM
-  // and NVLink traffic), from this many rows. The same protocol and bits as publish + consumer.
-  // -1: every one-shot M above the single launch; 0: never (publish + consumer).
-  int64_t oneshot_streaming_min_rows = -1;
 };
 
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).

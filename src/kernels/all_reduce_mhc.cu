@@ -75,16 +75,13 @@ __device__ __forceinline__ float block_sum(float v, float* warp_sums) {
 }
 
 // Sum over the CTAs of a row's cluster, in cluster-rank order (identical bits on every CTA).
-// Two ways, the same bits (kernel parameter `cluster_sum_barrier`, MHCCL_CLUSTER_SUM):
-// - mbarrier (default): each CTA sends its partial into every CTA's slot with st.async, which
-//   signals the receiver's mbarrier; a CTA waits on its own mbarrier only. No release fence on
-//   the sender's side: it never waits for the NVLink stores this thread issued earlier (the
-//   single-launch publish), only for the partials.
-// - barrier: the partials through distributed shared memory, then cluster.sync(), whose
-//   arrive has release semantics.
-// In both, every CTA arrived on the cluster barrier at the kernel's start, after initialising
-// its mbarrier (cluster_sum_prologue); the wait below (every CTA of the cluster has started:
-// its shared memory may be written) is free by now.
+// Each CTA sends its partial into every CTA's slot with st.async, which signals the receiver's
+// mbarrier; a CTA then waits on its own mbarrier only. No release fence on the sender's side:
+// cluster.sync() (barrier.cluster.arrive.release) waited for this thread's earlier NVLink
+// stores (the single-launch publish) to complete, 0.24 us a call at M = 1..8 (PERFORMANCE.md).
+// Every CTA arrived on the cluster barrier at the kernel's start, after initialising its
+// mbarrier (cluster_sum_prologue); the wait below (every CTA of the cluster has started: its
+// shared memory may be written) is free by now.
 struct ClusterSum {
   float slots[kMaxCtasPerRow];
   uint64_t bar;  // mbarrier: one phase a kernel (one row a CTA)
@@ -98,30 +95,23 @@ __device__ __forceinline__ void cluster_sum_prologue(ClusterSum& cs) {
   cg::this_cluster().barrier_arrive();  // waited for in cluster_row_sum
 }
 
-__device__ __forceinline__ float cluster_row_sum(float cta_total, ClusterSum& cs, int ctas, bool use_barrier) {
+__device__ __forceinline__ float cluster_row_sum(float cta_total, ClusterSum& cs, int ctas) {
   cg::cluster_group cluster = cg::this_cluster();
   cluster.barrier_wait();
-  const unsigned me = cluster.block_rank();
-  if (use_barrier) {
-    if (static_cast<int>(threadIdx.x) < ctas) {
-      cluster.map_shared_rank(cs.slots, static_cast<int>(threadIdx.x))[me] = cta_total;
-    }
-    cluster.sync();  // the partials are in; no CTA touches another's shared memory after this
-  } else {
-    if (threadIdx.x == 0) {
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                           cuda::ptx::space_shared, &cs.bar,
-                                           static_cast<uint32_t>(ctas * sizeof(float)));
-    }
-    if (static_cast<int>(threadIdx.x) < ctas) {
-      const int to = static_cast<int>(threadIdx.x);
-      cuda::ptx::st_async(cluster.map_shared_rank(cs.slots, to) + me, cta_total,
-                          cluster.map_shared_rank(&cs.bar, to));
-    }
-    // Every CTA of the cluster reaches this point (no early exit in the consumer), and each
-    // sends one partial to each: the phase completes.
-    while (!cuda::ptx::mbarrier_try_wait_parity(&cs.bar, 0u)) {
-    }
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                         cuda::ptx::space_shared, &cs.bar,
+                                         static_cast<uint32_t>(ctas * sizeof(float)));
+  }
+  if (static_cast<int>(threadIdx.x) < ctas) {
+    const int to = static_cast<int>(threadIdx.x);
+    cuda::ptx::st_async(cluster.map_shared_rank(cs.slots, to) + cluster.block_rank(), cta_total,
+                        cluster.map_shared_rank(&cs.bar, to));
+  }
+  // Every CTA of the cluster reaches this point (no early exit in the consumer; an expired
+  // Lamport wait goes on with what it holds), and each sends one partial to each: the phase
+  // completes. A CTA's shared memory is written only before it passes this wait.
+  while (!cuda::ptx::mbarrier_try_wait_parity(&cs.bar, 0u)) {
   }
   float t = 0.0f;
   for (int i = 0; i < ctas; ++i) t += cs.slots[i];
@@ -268,7 +258,7 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
     for (int e = 0; e < 8; ++e) ss = __fmaf_rn(c[e], c[e], ss);
     float total = block_sum(ss, warp_sums);
     if (ctas > 1) {
-      total = cluster_row_sum(total, *cluster, ctas, p.cluster_sum_barrier);
+      total = cluster_row_sum(total, *cluster, ctas);
     }
     const float h = static_cast<float>(np * 8);
     const float rinv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, h), p.eps));
@@ -510,122 +500,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 }
 
-// --- One-shot, persistent and streaming -----------------------------------------------------
-// The one-shot of rows that fit one CTA beyond the single launch, in one kernel: a grid of G
-// CTAs (ConsumerParams::oneshot_streaming_ctas, the same on every rank: the minimum over the
-// ranks of the CTAs resident at once) where CTA c takes rows c, c + G, ... in order. Each CTA
-// publishes its next row before it polls the current one (one row ahead), and copies the next
-// row's residual streams and mixes into shared memory (cp.async) while it polls and computes
-// the current one; the mailbox waits overlap the epilogue's HBM traffic and the NVLink stores.
-// Deadlock-free: CTA c waits only for the row that the peers' CTA c (same rows, same order)
-// published one step earlier, and every CTA of the grid is resident at once. Same arithmetic as
-// mhc_consumer_kernel with publish_first, same slots and state: the same bits.
-// Shared memory: 2 stages x HC x blockDim.x packs (dynamic), mixes and warp sums x 2.
-template <int HC, ConsumerVariant V>
-__global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_oneshot_streaming_kernel(const ConsumerParams p) {
-  constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
-  extern __shared__ uint4 stage_packs[];    // [2][HC][blockDim.x]: residual streams
-  __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
-  __shared__ float mixes[2][kMixes];
-  const int64_t np = p.np;
-  const int pack = static_cast<int>(threadIdx.x);
-  const int threads = static_cast<int>(blockDim.x);
-  const bool active = pack < np;
-  const uint4* residual = static_cast<const uint4*>(p.residual);
-  if (p.wait_predecessor) pdl_wait();
-  const Generation g = read_generation(p.state);
-  pdl_launch_dependents();  // after the state read: dependents start the next call
-  uint4 norm = make_uint4(0, 0, 0, 0);
-  if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
-
-  // This rank's pack of row `row`: x, or the finalize reduction.
-  auto own = [&](int64_t row) -> uint4 {
-    return p.x != nullptr ? ld_input(static_cast<const uint4*>(p.x) + row * np + pack)
-                          : finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-  };
-  auto publish = [&](int64_t row, uint4 v) {
-    store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
-                   publishable<Bf16Lanes>(v));
-  };
-  // Copies row `row`'s residual streams (each thread its own packs) and mixes (spread over the
-  // CTA) into `stage`, committed as one group.
-  auto prefetch = [&](int64_t row, int stage) {
-    uint4* st = stage_packs + stage * HC * threads;
-    if (active) {
-#pragma unroll
-      for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
-    }
-    for (int i = pack; i < kMixes; i += threads) {
-      if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
-      else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
-      else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
-    }
-    cp_async_commit();
-  };
-
-  const int64_t step = gridDim.x;
-  const int64_t slot_packs = p.slot_rows * np;
-  const uint4* mailbox = static_cast<const uint4*>(p.in) + static_cast<int64_t>(g.current) * p.nslots * slot_packs;
-  int64_t row = blockIdx.x;
-  uint4 ahead = make_uint4(0, 0, 0, 0);  // this rank's pack of the row after the next
-  if (row < p.m) {
-    if (active) {
-      publish(row, own(row));
-      if (row + step < p.m) ahead = own(row + step);
-    }
-    prefetch(row, 0);
-  }
-  int stage = 0;
-  for (; row < p.m; row += step, stage ^= 1) {
-    // The next row goes out and into the other stage, whose last readers finished (as in
-    // mhc_consumer_streaming_kernel: every thread passed the previous row's barrier after its
-    // last read of that stage's mixes, and reads only the packs it copied itself).
-    const int64_t next = row + step;
-    if (next < p.m) {
-      if (active) {
-        publish(next, ahead);
-        if (next + step < p.m) ahead = own(next + step);
-      }
-      prefetch(next, stage ^ 1);
-    } else {
-      cp_async_commit();  // an empty group: "all but the newest" stays this row's
-    }
-    // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
-    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (active) {
-      const uint4* slot = mailbox + row * np + pack;
-      uint4 v[kMaxTp];
-#pragma unroll
-      for (int r = 0; r < kMaxTp; ++r) if (r < p.nslots) v[r] = ld_volatile(slot + r * slot_packs);
-#pragma unroll
-      for (int r = 0; r < kMaxTp; ++r) {
-        if (r >= p.nslots) continue;
-        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], p.err, WaitSite{kProtoOneShot, r, g.current, row});
-        float f[8];
-        unpack_bf16(v[r], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);
-      }
-      unpack_bf16(pack_bf16(y), y);
-    }
-    cp_async_wait_all_but_newest();
-    __syncthreads();  // the mixes other threads copied are visible
-    const uint4* st = stage_packs + stage * HC * threads;
-    uint4 res[HC];
-    if (active) {
-#pragma unroll
-      for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
-    }
-    epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
-    if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
-  }
-  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
-  // The previous call's slots (PROTOCOL.md), then the state, as the consumer does.
-  reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) + g.previous * p.nslots * slot_packs,
-                         p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
-  arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
-}
-
 // --- Dispatch -------------------------------------------------------------------------------
 using ConsumerFn = void (*)(ConsumerParams);
 
@@ -677,29 +551,6 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
 #undef MHCCL_STREAMING
   }
   return nullptr;
-}
-
-ConsumerFn oneshot_streaming_for(int hc, ConsumerVariant v) {
-  auto pick = [v](auto plain, auto mxfp8, auto residual_only) -> ConsumerFn {
-    return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8 : residual_only;
-  };
-  switch (hc) {
-#define MHCCL_ONESHOT_STREAMING(H)                                               \
-  case H:                                                                        \
-    return pick(mhc_oneshot_streaming_kernel<H, ConsumerVariant::kPlain>,        \
-                mhc_oneshot_streaming_kernel<H, ConsumerVariant::kMxfp8>,        \
-                mhc_oneshot_streaming_kernel<H, ConsumerVariant::kResidualOnly>);
-    MHCCL_ONESHOT_STREAMING(1)
-    MHCCL_ONESHOT_STREAMING(2)
-    MHCCL_ONESHOT_STREAMING(4)
-    MHCCL_ONESHOT_STREAMING(8)
-#undef MHCCL_ONESHOT_STREAMING
-  }
-  return nullptr;
-}
-
-size_t oneshot_streaming_smem(int hc, int threads) {
-  return static_cast<size_t>(2 * hc * threads) * sizeof(uint4);
 }
 
 // CTAs of the streaming consumer resident at once on the current device (0: it cannot run),
@@ -767,22 +618,8 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
   return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
 }
 
-int oneshot_streaming_resident_ctas(int hc, ConsumerVariant variant, int threads) {
-  ConsumerFn fn = oneshot_streaming_for(hc, variant);
-  const size_t smem = oneshot_streaming_smem(hc, threads);
-  if (fn == nullptr || smem > kMaxStreamingSmem) return 0;
-  return streaming_resident_ctas(fn, threads, smem);
-}
-
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl) {
-  if (input == ConsumerInput::kPoll && p.oneshot_streaming_ctas > 0) {
-    ConsumerFn fn = oneshot_streaming_for(hc, variant);
-    if (fn == nullptr || !p.publish_first || p.tiling.ctas_per_row != 1) return cudaErrorInvalidValue;
-    const int threads = p.tiling.threads;
-    return launch_ex(fn, p, dim3(static_cast<unsigned>(std::min<int64_t>(p.m, p.oneshot_streaming_ctas))),
-                     dim3(static_cast<unsigned>(threads)), oneshot_streaming_smem(hc, threads), stream, pdl);
-  }
   if (input == ConsumerInput::kDirect && p.tiling.ctas_per_row == 1 && p.streaming_min_rows != 0 &&
       p.m > 1) {
     ConsumerFn fn = streaming_consumer_for(hc, variant);

@@ -45,10 +45,6 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl);
-// CTAs of the persistent one-shot (ConsumerParams::oneshot_streaming_ctas) resident at once on
-// the current device for an epilogue over hc streams at `threads` threads a CTA (0: it cannot
-// run there). Each rank's value differs only if its device does: the op takes the minimum.
-int oneshot_streaming_resident_ctas(int hc, ConsumerVariant variant, int threads);
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.

@@ -163,12 +163,6 @@ struct ConsumerParams {
   // kDirect with one CTA a row: from this many rows the streaming (persistent, prefetching)
   // consumer runs; -1: when M exceeds the CTAs resident at once; 0: never.
   int64_t streaming_min_rows;
-  // A row's RMS partials over its cluster: through cluster.sync() (true) or st.async + mbarrier
-  // (false, the default; MHCCL_CLUSTER_SUM=barrier for the A/B). Same bits.
-  bool cluster_sum_barrier;
-  // kPoll one-shot with publish_first and one CTA a row: > 0 runs the persistent one-shot
-  // (mhc_oneshot_streaming_kernel) on min(M, this) CTAs; the same value on every rank.
-  int oneshot_streaming_ctas;
 };
 
 struct OwnerReduceParams {

@@ -65,10 +65,6 @@ struct AllReduceMHC::Impl {
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
-  bool cluster_sum_barrier = false;         // MHCCL_CLUSTER_SUM=barrier: cluster.sync() RMS sums
-  // Grid of the persistent one-shot per variant (plain, mxfp8, residual_only): the minimum over
-  // the ranks of the CTAs resident at once (agreed at construction); 0: not available.
-  int oneshot_streaming_ctas[3] = {0, 0, 0};
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
@@ -110,31 +106,6 @@ struct AllReduceMHC::Impl {
     return p;
   }
 
-  // The persistent one-shot's grid per variant, the same on every rank (its deadlock freedom
-  // needs CTA c to take the same rows on every rank, and every CTA resident): each rank's
-  // resident CTAs, then their minimum through the communicator (collective, construction only).
-  void agree_oneshot_streaming_grid() {
-    const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
-    if (t.ctas_per_row != 1) return;  // rows wider than one CTA: publish + consumer
-    int local[3];
-    for (int v = 0; v < 3; ++v) {
-      local[v] = kernels::oneshot_streaming_resident_ctas(cfg.hc_mult, static_cast<ConsumerVariant>(v), t.threads);
-    }
-    Communicator::Impl& c = *comm;
-    int* words = nullptr;
-    MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
-    cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
-    ncclResult_t nerr = ncclSuccess;
-    if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 3, ncclInt32, ncclMin, c.comm, c.setup_stream);
-    if (err == cudaSuccess && nerr == ncclSuccess) {
-      err = cudaMemcpyAsync(oneshot_streaming_ctas, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
-    }
-    if (err == cudaSuccess) err = cudaStreamSynchronize(c.setup_stream);
-    cudaFree(words);
-    MHCCL_CUDA(err);
-    MHCCL_NCCL(nerr);
-  }
-
   void ensure_fallback_rows(cudaStream_t stream) {
     if (fallback_rows != nullptr) return;
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -174,7 +145,6 @@ struct AllReduceMHC::Impl {
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
     cp.streaming_min_rows = cfg.streaming_min_rows;
-    cp.cluster_sum_barrier = cluster_sum_barrier;
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                                                 : ConsumerVariant::kPlain;
@@ -218,14 +188,9 @@ struct AllReduceMHC::Impl {
       const bool row_fits_one_cta = np <= kernels::max_threads_per_cta(cfg.hc_mult);
       const bool single = row_fits_one_cta && ctas <= kernels::kMaxSingleLaunchCtas &&
                           (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
-      const int64_t stream_min = cfg.oneshot_streaming_min_rows;
-      const int grid = oneshot_streaming_ctas[static_cast<int>(variant)];
-      const bool streaming = cp.tiling.ctas_per_row == 1 && grid > 0 && stream_min != 0 &&
-                             (stream_min > 0 ? m >= stream_min : !single);
-      if (single || streaming) {
+      if (single) {
         cp.publish_first = true;
         for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
-        if (streaming) cp.oneshot_streaming_ctas = grid;
       } else {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
         cp.wait_predecessor = false;
@@ -296,11 +261,8 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   }
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
-  if (const char* env = std::getenv("MHCCL_CLUSTER_SUM")) im.cluster_sum_barrier = std::string(env) == "barrier";
-  // Benchmark A/B only (per rank; the consumer's launch shape needs no agreement between ranks,
-  // and a rank running publish + consumer never waits before it has published every row).
+  // Benchmark A/B only (per rank; the consumer's launch shape needs no agreement between ranks).
   if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
-  if (const char* env = std::getenv("MHCCL_ONESHOT_STREAMING_MIN_ROWS")) cfg.oneshot_streaming_min_rows = std::atoll(env);
   detail::DeviceGuard guard(c.device);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
@@ -323,7 +285,6 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
     MHCCL_CUDA(cudaStreamSynchronize(c.setup_stream));
-    im.agree_oneshot_streaming_grid();
   } else if (c.tp > 1) {
     MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
   }

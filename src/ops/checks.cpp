@@ -296,11 +296,10 @@ void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
     invalid("max_num_tokens: expected 1 to " + std::to_string(kMaxTokens) + ", got " +
             std::to_string(c.max_num_tokens));
   }
-  if (c.single_launch_max_rows < -1 || c.streaming_min_rows < -1 || c.oneshot_streaming_min_rows < -1) {
-    invalid("single_launch_max_rows / streaming_min_rows / oneshot_streaming_min_rows: expected -1 "
-            "(automatic), 0 (never) or a row count, got " + std::to_string(c.single_launch_max_rows) +
-            " / " + std::to_string(c.streaming_min_rows) + " / " +
-            std::to_string(c.oneshot_streaming_min_rows));
+  if (c.single_launch_max_rows < -1 || c.streaming_min_rows < -1) {
+    invalid("single_launch_max_rows / streaming_min_rows: expected -1 (automatic), 0 (never) or a row "
+            "count, got " + std::to_string(c.single_launch_max_rows) + " / " +
+            std::to_string(c.streaming_min_rows));
   }
   if (c.two_shot_min_rows < 0 || c.two_shot_min_finalize_rows < 0) {
     invalid("two_shot_min_rows / two_shot_min_finalize_rows: expected >= 0 (0 = default), got " +

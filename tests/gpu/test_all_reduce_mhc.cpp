@@ -210,25 +210,17 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
     AllReduceMHCConfig streaming = config(sh.h, sh.hc, cap, cap + 1), per_row = streaming;
     streaming.streaming_min_rows = 1;  // every M > 1
     per_row.streaming_min_rows = 0;    // never
-    streaming.oneshot_streaming_min_rows = 1;  // TP > 1: the persistent one-shot at every M
-    per_row.oneshot_streaming_min_rows = 0;    // where a row fits one CTA; never
     AllReduceMHC a(comm(), streaming), b(comm(), per_row);
     CallBuffers buf(cap, sh.h, sh.hc, 6);
-    // TP=1: the direct consumer; TP=2: the NCCL fallback's consumer and the one-shot.
-    std::vector<Protocol> protos = {Protocol::kAuto};
-    if (tp() > 1) protos = {Protocol::kNccl, Protocol::kOneShot};
+    const Protocol proto = tp() > 1 ? Protocol::kNccl : Protocol::kAuto;
     uint64_t seed = 70000 + sh.h + sh.hc;
-    for (Protocol proto : protos) {
-      for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
-        for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
-          if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
-          const bool fin = proto == Protocol::kOneShot && m % 2 == 1;  // finalize publishes too
-          const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), fin);
-          const Outputs x = run(a, buf, p, v, proto, "streaming");
-          const Outputs y = run(b, buf, p, v, proto, "row per CTA");
-          EXPECT_EQ(x.hash(), y.hash()) << "H=" << sh.h << " hc=" << sh.hc << " M=" << m << " "
-                                        << variant_name(v) << " " << protocol_name(proto);
-        }
+    for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
+      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+        if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
+        const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), false);
+        const Outputs x = run(a, buf, p, v, proto, "streaming");
+        const Outputs y = run(b, buf, p, v, proto, "row per CTA");
+        EXPECT_EQ(x.hash(), y.hash()) << "H=" << sh.h << " hc=" << sh.hc << " M=" << m << " " << variant_name(v);
       }
     }
   }
