@@ -42,6 +42,17 @@ struct AllReduceMHCConfig {
   // 3 * tp * max_num_tokens * H * 2 bytes); TP=4 384/512, TP=8 192/256 (extrapolated).
   int64_t two_shot_min_rows = 0;
   int64_t two_shot_min_finalize_rows = 0;
+  // A call of M rows whose peers are reachable uses the NCCL all-reduce + the fused consumer
+  // (Protocol::kNccl) when M >= nccl_min_rows (finalize: nccl_min_finalize_rows), ahead of the
+  // two-shot threshold: at large M the NCCL all-reduce followed by the streaming consumer beats
+  // both Lamport protocols for call. 0 takes the default measured for tp; a value above
+  // max_num_tokens disables it. Defaults: TP=2 call 4096 (271 vs 300 us two-shot at M = 4096,
+  // 517 vs 597 at 8192; even at 2048), finalize never (one-shot faster at every M); TP > 2
+  // never (NCCL's reduction order there is not rank order: the bits would change at the
+  // switch). Where it applies the NCCL path's row buffer, C * H * 2 bytes, is allocated at
+  // construction (so that CUDA-graph capture needs no first eager call).
+  int64_t nccl_min_rows = 0;
+  int64_t nccl_min_finalize_rows = 0;
   // Programmatic dependent launch: kernels may start while their predecessor runs and wait
   // (griddepcontrol.wait) before reading anything it writes.
   bool enable_pdl = true;

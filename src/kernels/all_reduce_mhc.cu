@@ -618,18 +618,23 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
   return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
 }
 
+int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int threads) {
+  ConsumerFn fn = streaming_consumer_for(hc, variant);
+  const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
+  if (fn == nullptr || smem > kMaxStreamingSmem) return 0;
+  return streaming_resident_ctas(fn, threads, smem);
+}
+
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl) {
   if (input == ConsumerInput::kDirect && p.tiling.ctas_per_row == 1 && p.streaming_min_rows != 0 &&
-      p.m > 1) {
-    ConsumerFn fn = streaming_consumer_for(hc, variant);
-    const int threads = p.tiling.threads;
-    const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
-    const int resident = smem <= kMaxStreamingSmem ? streaming_resident_ctas(fn, threads, smem) : 0;
-    const bool stream_rows = resident > 0 && (p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows
-                                                                       : p.m > resident);
+      p.streaming_ctas > 0 && p.m > 1) {
+    const bool stream_rows = p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas;
     if (stream_rows) {
-      return launch_ex(fn, p, dim3(static_cast<unsigned>(std::min<int64_t>(p.m, resident))),
+      const int threads = p.tiling.threads;
+      const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
+      return launch_ex(streaming_consumer_for(hc, variant), p,
+                       dim3(static_cast<unsigned>(std::min<int64_t>(p.m, p.streaming_ctas))),
                        dim3(static_cast<unsigned>(threads)), smem, stream, pdl);
     }
   }

@@ -45,6 +45,10 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl);
+// CTAs of the streaming direct consumer (ConsumerParams::streaming_ctas) resident at once on the
+// current device for an epilogue over hc streams at `threads` threads a CTA (0: it cannot run
+// there). A per-device query: the op agrees on one value across ranks at construction.
+int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int threads);
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.

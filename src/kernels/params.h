@@ -161,8 +161,12 @@ struct ConsumerParams {
   RowTiling tiling;
   ErrorSink err;
   // kDirect with one CTA a row: from this many rows the streaming (persistent, prefetching)
-  // consumer runs; -1: when M exceeds the CTAs resident at once; 0: never.
+  // consumer runs on min(M, streaming_ctas) CTAs; -1: when M exceeds streaming_ctas; 0: never.
   int64_t streaming_min_rows;
+  // CTAs of the streaming consumer resident at once, the same on every rank (the op's minimum
+  // over the ranks, agreed at construction: launch shapes never depend on a per-rank query);
+  // 0: it does not run.
+  int streaming_ctas;
 };
 
 struct OwnerReduceParams {

@@ -46,6 +46,11 @@ int64_t default_two_shot_min_rows(int tp, bool finalize) {
     default: return finalize ? 256 : 192;
   }
 }
+// Rows from which the automatic choice takes the NCCL all-reduce + consumer (docs/PERFORMANCE.md:
+// TP=2 call from 4096). Never at TP > 2: NCCL's sum there is not in rank order.
+int64_t default_nccl_min_rows(int tp, bool finalize) {
+  return tp == 2 && !finalize ? 4096 : kNeverTwoShot;
+}
 
 const void* data_of(const DLTensor* t) {
   return t == nullptr ? nullptr : static_cast<const char*>(t->data) + t->byte_offset;
@@ -65,6 +70,9 @@ struct AllReduceMHC::Impl {
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
+  // Grid of the streaming direct consumer per variant (plain, mxfp8, residual_only): the minimum
+  // over the ranks of its CTAs resident at once, agreed at construction; 0: it does not run.
+  int streaming_ctas[3] = {0, 0, 0};
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
@@ -72,6 +80,9 @@ struct AllReduceMHC::Impl {
 
   int64_t threshold(bool finalize) const {
     return finalize ? cfg.two_shot_min_finalize_rows : cfg.two_shot_min_rows;
+  }
+  int64_t nccl_threshold(bool finalize) const {
+    return finalize ? cfg.nccl_min_finalize_rows : cfg.nccl_min_rows;
   }
 
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
@@ -92,11 +103,15 @@ struct AllReduceMHC::Impl {
       return Protocol::kNccl;
     }
     Protocol p = forced;
-    if (p == Protocol::kAuto) p = m >= threshold(finalize) ? Protocol::kTwoShot : Protocol::kOneShot;
+    if (p == Protocol::kAuto) {
+      p = m >= nccl_threshold(finalize) ? Protocol::kNccl
+          : m >= threshold(finalize)    ? Protocol::kTwoShot
+                                        : Protocol::kOneShot;
+    }
     if (p == Protocol::kOneShot && m > ll_rows) {
       throw Error(ErrorCode::kInvalidArgument,
                   "protocol one-shot: its mailbox holds " + std::to_string(ll_rows) +
-                      " rows (below the two-shot thresholds), got M=" + std::to_string(m));
+                      " rows (below the two-shot and NCCL thresholds), got M=" + std::to_string(m));
     }
     if (p == Protocol::kTwoShot && !bt_built) {
       throw Error(ErrorCode::kUnsupported,
@@ -104,6 +119,35 @@ struct AllReduceMHC::Impl {
                       " is below both two-shot thresholds");
     }
     return p;
+  }
+
+  // streaming_ctas: this device's resident CTAs of the streaming consumer per variant, then at
+  // TP > 1 their minimum over the ranks (an NCCL all-reduce: construction is collective).
+  void agree_streaming_grid() {
+    const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
+    int local[3] = {0, 0, 0};
+    if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream
+      for (int v = 0; v < 3; ++v) {
+        local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, static_cast<ConsumerVariant>(v), t.threads);
+      }
+    }
+    Communicator::Impl& c = *comm;
+    if (c.tp == 1) {
+      std::copy(local, local + 3, streaming_ctas);
+      return;
+    }
+    int* words = nullptr;
+    MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
+    cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
+    ncclResult_t nerr = ncclSuccess;
+    if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 3, ncclInt32, ncclMin, c.comm, c.setup_stream);
+    if (err == cudaSuccess && nerr == ncclSuccess) {
+      err = cudaMemcpyAsync(streaming_ctas, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
+    }
+    if (err == cudaSuccess) err = cudaStreamSynchronize(c.setup_stream);
+    cudaFree(words);
+    MHCCL_CUDA(err);
+    MHCCL_NCCL(nerr);
   }
 
   void ensure_fallback_rows(cudaStream_t stream) {
@@ -148,6 +192,7 @@ struct AllReduceMHC::Impl {
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                                                 : ConsumerVariant::kPlain;
+    cp.streaming_ctas = streaming_ctas[static_cast<int>(variant)];
 
     PublishParams pp = {};
     pp.x = finalize ? nullptr : data_of(x);
@@ -259,15 +304,20 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (cfg.two_shot_min_finalize_rows == 0) {
     cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(c.tp, true);
   }
+  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = default_nccl_min_rows(c.tp, false);
+  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = default_nccl_min_rows(c.tp, true);
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
   // Benchmark A/B only (per rank; the consumer's launch shape needs no agreement between ranks).
   if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
   detail::DeviceGuard guard(c.device);
+  im.agree_streaming_grid();
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
   if (c.tp > 1 && c.reachable) {
-    const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
+    // One-shot runs below the first of an op's thresholds (two-shot, NCCL).
+    const int64_t hi = std::max(std::min(cfg.two_shot_min_rows, cfg.nccl_min_rows),
+                                std::min(cfg.two_shot_min_finalize_rows, cfg.nccl_min_finalize_rows));
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
     im.ll_mailbox = comm.alloc_symmetric(
@@ -281,6 +331,9 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
           kernels::kBf16SentinelPair);
       im.bt_reduced = comm.alloc_symmetric(
           static_cast<size_t>(kernels::kGenerations * cap * row_bytes), kernels::kBf16SentinelPair);
+    }
+    if (cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows)) {  // the automatic choice takes NCCL
+      MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
     }
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
