@@ -42,15 +42,16 @@ struct AllReduceMHCConfig {
   // 3 * tp * max_num_tokens * H * 2 bytes); TP=4 384/512, TP=8 192/256 (extrapolated).
   int64_t two_shot_min_rows = 0;
   int64_t two_shot_min_finalize_rows = 0;
-  // A call of M rows whose peers are reachable uses the NCCL all-reduce + the fused consumer
-  // (Protocol::kNccl) when M >= nccl_min_rows (finalize: nccl_min_finalize_rows), ahead of the
-  // two-shot threshold: at large M the NCCL all-reduce followed by the streaming consumer beats
-  // both Lamport protocols for call. 0 takes the default measured for tp; a value above
-  // max_num_tokens disables it. Defaults: TP=2 call 4096 (271 vs 300 us two-shot at M = 4096,
-  // 517 vs 597 at 8192; even at 2048), finalize never (one-shot faster at every M); TP > 2
-  // never (NCCL's reduction order there is not rank order: the bits would change at the
-  // switch). Where it applies the NCCL path's row buffer, C * H * 2 bytes, is allocated at
-  // construction (so that CUDA-graph capture needs no first eager call).
+  // Opt-in: the automatic choice takes the NCCL all-reduce + the fused consumer
+  // (Protocol::kNccl) for M >= nccl_min_rows (finalize: nccl_min_finalize_rows), ahead of the
+  // two-shot threshold. 0 (the default): never. Why opt-in: NCCL waits for a dead peer without
+  // a budget (no kPeerTimeout; the Lamport paths never hang). Why one may want it: at TP=2 and
+  // M >= 4096 the NCCL all-reduce + the streaming consumer beats both Lamport protocols for call
+  // (271 vs 300 us two-shot at M = 4096, 517 vs 597 at 8192; about even at 2048; finalize: never
+  // faster). The same bits at TP=2 only (at TP > 2 NCCL's sum is not in rank order). Where set
+  // at or below max_num_tokens, the NCCL path's row buffer (C * H * 2 bytes) is allocated at
+  // construction, so CUDA-graph capture needs no first eager call. Forced one-shot and two-shot
+  // stay available (the mailboxes are sized by the two-shot thresholds alone).
   int64_t nccl_min_rows = 0;
   int64_t nccl_min_finalize_rows = 0;
   // Programmatic dependent launch: kernels may start while their predecessor runs and wait
@@ -101,6 +102,9 @@ struct AllReduceMHCFinalizeArgs {
   Protocol protocol = Protocol::kAuto;
 };
 
+// Per call: one-shot (one launch at small M, else publish + consumer), two-shot (publish, the
+// owners' reduce, consumer) or, opted in or where peers are unreachable, ncclAllReduce + the
+// consumer; thresholds in AllReduceMHCConfig.
 // Constructed collectively over the communicator's group (every rank, same config). Calls are
 // stream-ordered and graph-capturable; every rank must issue the same sequence of calls with
 // the same M. Outputs are written into the caller's tensors. Arguments are checked before the

@@ -144,9 +144,11 @@ class AllReduceMHC:
         residual_only: accept ``pre`` and ``norm_weight`` of None (write the streams only).
         group: the torch.distributed process group of the TP ranks.
         two_shot_min_rows, two_shot_min_finalize_rows: rows from which two-shot is used (0: the
-            measured default for the group's size). At TP=2, calls (not finalize) of 4096 rows
-            or more take the NCCL all-reduce + the fused consumer, measured faster there (the
-            C++ ``AllReduceMHCConfig::nccl_min_rows``); ``protocol_for`` says which.
+            measured default for the group's size).
+        nccl_min_rows, nccl_min_finalize_rows: opt-in, rows from which the NCCL all-reduce +
+            the fused consumer is used (0: never). At TP=2 calls of 4096 rows or more are
+            faster that way, but NCCL waits for a dead peer without a time budget (the Lamport
+            paths raise instead). ``protocol_for`` says which path a call takes.
 
     Raises:
         ValueError: a limit above is broken (before any GPU work).
@@ -156,7 +158,8 @@ class AllReduceMHC:
     def __init__(self, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
                  device: Any, quantize_layer_input: bool = False, residual_only: bool = False,
                  group: Any = None, two_shot_min_rows: int = 0,
-                 two_shot_min_finalize_rows: int = 0) -> None:
+                 two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
+                 nccl_min_finalize_rows: int = 0) -> None:
         lib = _lib()
         _, tp, _ = _group_layout(group)
         lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
@@ -171,7 +174,8 @@ class AllReduceMHC:
         self._comm = _communicator(group, self._device)
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
                                     quantize_layer_input, residual_only, two_shot_min_rows,
-                                    two_shot_min_finalize_rows)
+                                    two_shot_min_finalize_rows, nccl_min_rows,
+                                    nccl_min_finalize_rows)
         self.bt_min_rows = self._op.two_shot_min_rows
         self.bt_min_finalize_rows = self._op.two_shot_min_finalize_rows
 

@@ -80,6 +80,7 @@ cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); 
 mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t max_num_tokens,
                                       int top_k, bool quantize, bool residual_only,
                                       int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
+                                      int64_t nccl_min_rows, int64_t nccl_min_finalize_rows,
                                       bool enable_pdl) {
   mhccl::AllReduceMHCConfig c;
   c.hidden_size = hidden_size;
@@ -90,6 +91,8 @@ mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t 
   c.residual_only = residual_only;
   c.two_shot_min_rows = two_shot_min_rows;
   c.two_shot_min_finalize_rows = two_shot_min_finalize_rows;
+  c.nccl_min_rows = nccl_min_rows;
+  c.nccl_min_finalize_rows = nccl_min_finalize_rows;
   c.enable_pdl = enable_pdl;
   return c;
 }
@@ -161,16 +164,19 @@ NB_MODULE(_mhccl, m) {
       .def("__init__", [](mhccl::AllReduceMHC* self, mhccl::Communicator& comm, int64_t hidden_size,
                           int hc_mult, int64_t max_num_tokens, int top_k, bool quantize_layer_input,
                           bool residual_only, int64_t two_shot_min_rows,
-                          int64_t two_shot_min_finalize_rows, bool enable_pdl) {
+                          int64_t two_shot_min_finalize_rows, int64_t nccl_min_rows,
+                          int64_t nccl_min_finalize_rows, bool enable_pdl) {
              const auto cfg = make_config(hidden_size, hc_mult, max_num_tokens, top_k,
                                           quantize_layer_input, residual_only, two_shot_min_rows,
-                                          two_shot_min_finalize_rows, enable_pdl);
+                                          two_shot_min_finalize_rows, nccl_min_rows,
+                                          nccl_min_finalize_rows, enable_pdl);
              nb::gil_scoped_release release;
              new (self) mhccl::AllReduceMHC(comm, cfg);
            },
            nb::arg("comm"), nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"),
            nb::arg("top_k"), nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false,
            nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
+           nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0,
            nb::arg("enable_pdl") = true, nb::keep_alive<1, 2>())
       .def("call", [](mhccl::AllReduceMHC& op, const Array& x, const Array& residual, const Array& post,
                       const Array& comb, const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
@@ -235,7 +241,7 @@ NB_MODULE(_mhccl, m) {
                            bool quantize_layer_input, bool residual_only, int tp) {
           mhccl::check_all_reduce_mhc_config(
               make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                          residual_only, 0, 0, true), tp);
+                          residual_only, 0, 0, 0, 0, true), tp);
         }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
         nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false, nb::arg("tp") = 1);
   m.def("check_call", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
@@ -250,7 +256,7 @@ NB_MODULE(_mhccl, m) {
                                 layer_input, values, scales);
           return mhccl::check_all_reduce_mhc_call(
               make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                          residual_only, 0, 0, true), device, a);
+                          residual_only, 0, 0, 0, 0, true), device, a);
         }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
         nb::arg("quantize_layer_input"), nb::arg("residual_only"), nb::arg("device"), nb::arg("x"),
         nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),

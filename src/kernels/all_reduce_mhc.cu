@@ -99,7 +99,7 @@ __device__ __forceinline__ float cluster_row_sum(float cta_total, ClusterSum& cs
   cg::cluster_group cluster = cg::this_cluster();
   cluster.barrier_wait();
   if (threadIdx.x == 0) {
-    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
                                          cuda::ptx::space_shared, &cs.bar,
                                          static_cast<uint32_t>(ctas * sizeof(float)));
   }
@@ -111,7 +111,8 @@ __device__ __forceinline__ float cluster_row_sum(float cta_total, ClusterSum& cs
   // Every CTA of the cluster reaches this point (no early exit in the consumer; an expired
   // Lamport wait goes on with what it holds), and each sends one partial to each: the phase
   // completes. A CTA's shared memory is written only before it passes this wait.
-  while (!cuda::ptx::mbarrier_try_wait_parity(&cs.bar, 0u)) {
+  // Acquire at cluster scope: the partials were written by other CTAs of the cluster.
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, &cs.bar, 0u)) {
   }
   float t = 0.0f;
   for (int i = 0; i < ctas; ++i) t += cs.slots[i];

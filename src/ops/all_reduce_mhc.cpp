@@ -46,11 +46,11 @@ int64_t default_two_shot_min_rows(int tp, bool finalize) {
     default: return finalize ? 256 : 192;
   }
 }
-// Rows from which the automatic choice takes the NCCL all-reduce + consumer (docs/PERFORMANCE.md:
-// TP=2 call from 4096). Never at TP > 2: NCCL's sum there is not in rank order.
-int64_t default_nccl_min_rows(int tp, bool finalize) {
-  return tp == 2 && !finalize ? 4096 : kNeverTwoShot;
-}
+// Rows from which the automatic choice takes the NCCL all-reduce + consumer: never by default.
+// NCCL's wait for a dead peer has no budget (no kPeerTimeout, I12), which the Lamport paths
+// promise; a caller who trades that for speed sets nccl_min_rows (TP=2 call from 4096 measured
+// faster: docs/PERFORMANCE.md).
+constexpr int64_t kNeverNccl = std::numeric_limits<int64_t>::max();
 
 const void* data_of(const DLTensor* t) {
   return t == nullptr ? nullptr : static_cast<const char*>(t->data) + t->byte_offset;
@@ -111,7 +111,7 @@ struct AllReduceMHC::Impl {
     if (p == Protocol::kOneShot && m > ll_rows) {
       throw Error(ErrorCode::kInvalidArgument,
                   "protocol one-shot: its mailbox holds " + std::to_string(ll_rows) +
-                      " rows (below the two-shot and NCCL thresholds), got M=" + std::to_string(m));
+                      " rows (below the two-shot thresholds), got M=" + std::to_string(m));
     }
     if (p == Protocol::kTwoShot && !bt_built) {
       throw Error(ErrorCode::kUnsupported,
@@ -122,7 +122,8 @@ struct AllReduceMHC::Impl {
   }
 
   // streaming_ctas: this device's resident CTAs of the streaming consumer per variant, then at
-  // TP > 1 their minimum over the ranks (an NCCL all-reduce: construction is collective).
+  // TP > 1 their minimum over the ranks (an NCCL all-reduce: construction is collective, and a
+  // rank that fails here leaves its peers in this collective, as in the window registrations).
   void agree_streaming_grid() {
     const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
     int local[3] = {0, 0, 0};
@@ -304,20 +305,19 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (cfg.two_shot_min_finalize_rows == 0) {
     cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(c.tp, true);
   }
-  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = default_nccl_min_rows(c.tp, false);
-  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = default_nccl_min_rows(c.tp, true);
+  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNeverNccl;
+  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNeverNccl;
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
-  // Benchmark A/B only (per rank; the consumer's launch shape needs no agreement between ranks).
+  // Benchmark A/B only: whether the direct consumer streams (set it alike on every rank; the
+  // consumer polls nothing, so ranks that differ here still cannot hang).
   if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
   detail::DeviceGuard guard(c.device);
   im.agree_streaming_grid();
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
   if (c.tp > 1 && c.reachable) {
-    // One-shot runs below the first of an op's thresholds (two-shot, NCCL).
-    const int64_t hi = std::max(std::min(cfg.two_shot_min_rows, cfg.nccl_min_rows),
-                                std::min(cfg.two_shot_min_finalize_rows, cfg.nccl_min_finalize_rows));
+    const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
     im.ll_mailbox = comm.alloc_symmetric(

@@ -366,6 +366,10 @@ TEST(ConfigChecks, Limits) {
   c = cfg();
   c.two_shot_min_rows = -1;
   expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"two_shot_min_rows"});
+  c = cfg();
+  c.nccl_min_finalize_rows = -5;
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"nccl_min_rows", "got 0 / -5"});
 }
 
 TEST(AllGatherChecks, CapacityAndAccepts) {

@@ -264,6 +264,53 @@ TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   comm().check_errors();
 }
 
+// The opt-in NCCL threshold: the automatic choice takes the NCCL path from nccl_min_rows (the
+// same bits as one-shot at TP=2), and its buffer exists from construction, so the first call of
+// the op may be under CUDA-graph capture.
+TEST_P(AllReduceMHCTest, NcclOptInChosenAndCapturable) {
+  MHCCL_REQUIRE_TP(tp());
+  if (tp() == 1) GTEST_SKIP() << "TP=1 has no protocol choice";
+  AllReduceMHCConfig cfg = config(5120, 4, 128, 129);
+  cfg.nccl_min_rows = 65;
+  cfg.nccl_min_finalize_rows = 100;
+  AllReduceMHC op(comm(), cfg);
+  EXPECT_EQ(op.protocol_for(64, false), Protocol::kOneShot);
+  EXPECT_EQ(op.protocol_for(65, false), Protocol::kNccl);
+  EXPECT_EQ(op.protocol_for(99, true), Protocol::kOneShot);
+  EXPECT_EQ(op.protocol_for(100, true), Protocol::kNccl);
+  // First call of the op: captured.
+  CallBuffers b(128, 5120, 4, 6);
+  Problem p = testing::make_problem(880, 128, 5120, 4, tp(), false);
+  upload(p, rank(), b);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MHCCL_TEST_CUDA(cudaStreamBeginCapture(env().stream, cudaStreamCaptureModeThreadLocal));
+  launch(op, p, Variant::kMxfp8, Protocol::kAuto, b, env().device, env().stream);
+  MHCCL_TEST_CUDA(cudaStreamEndCapture(env().stream, &graph));
+  MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    p = testing::make_problem(881 + rep, 128, 5120, 4, tp(), false);
+    upload(p, rank(), b);
+    MHCCL_TEST_CUDA(cudaGraphLaunch(exec, env().stream));
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    const Outputs got = download(p, Variant::kMxfp8, b);
+    EXPECT_EQ(check(p, Variant::kMxfp8, got), "") << "replay " << rep;
+    EXPECT_TRUE(env().same_on_all_ranks(got.hash(), tp())) << "replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // Eager, across the thresholds: auto equals forced one-shot bit for bit.
+  for (int64_t m : {int64_t{64}, int64_t{65}, int64_t{128}}) {
+    for (bool fin : {false, true}) {
+      const Problem q = testing::make_problem(890 + m + fin, m, 5120, 4, tp(), fin);
+      const Outputs a = run(op, b, q, Variant::kMxfp8, Protocol::kAuto, "auto");
+      const Outputs o = run(op, b, q, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
+      EXPECT_EQ(a.hash(), o.hash()) << "M=" << m << (fin ? " finalize" : " call");
+    }
+  }
+  comm().check_errors();
+}
+
 TEST_P(AllReduceMHCTest, AlternatingMThousandCallsWithoutHostSync) {
   MHCCL_REQUIRE_TP(tp());
   // Small rows so that 1000 calls' inputs and outputs all stay on the device; two-shot from 65

@@ -196,14 +196,14 @@ int main(int argc, char** argv) {
     try {
       return mhccl::bench::run_worker(o);
     } catch (const std::exception& e) {
-      std::printf("mhccl-bench worker failed: %s\n", e.what());
+      std::fprintf(stderr, "mhccl-bench worker failed: %s\n", e.what());
       return 3;
     }
   }
 
   const int gpus = mhccl::launch::local_gpu_count();
   if (gpus == 0) {
-    std::printf("mhccl-bench: no CUDA device: it needs an NVIDIA GPU (sm_90+) with a driver\n");
+    std::fprintf(stderr, "mhccl-bench: no CUDA device: it needs an NVIDIA GPU (sm_90+) with a driver\n");
     return 2;
   }
   if (o.tps.empty()) {
