@@ -10,6 +10,7 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 stages=${*:-build tests bench}
 B=${BUILD_DIR:-build-dev}
+N=${NRANKS:-2}  # ranks of the GPU tests (1 on a one-GPU machine: the TP=2 cases skip)
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -26,8 +27,8 @@ fi
 if [[ " $stages " == *" tests "* ]]; then
   stamp "cpu tests"
   "$B/tests/mhccl_cpu_tests" --gtest_brief=1 > "$OUT/cpu.log" 2>&1; echo "cpu tests rc=$?"; tail -2 "$OUT/cpu.log"
-  stamp "gpu tests (TP=1 and TP=2 as two ranks)"
-  timeout 500 "$B/tools/mhccl-launch" -n 2 --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
+  stamp "gpu tests (TP=1 and TP=2 as $N ranks)"
+  timeout 500 "$B/tools/mhccl-launch" -n $N --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
   echo "gpu tests rc=$?"
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
   grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
@@ -60,10 +61,12 @@ if [[ " $stages " == *" python "* ]]; then
       grep -E "^#[0-9]+ " "$OUT/gdb-$t.log" | head -25
     fi
   done
-  stamp "python: example"
-  PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
-    --tokens 16 > "$OUT/example.log" 2>&1
-  echo "example rc=$?"; tail -6 "$OUT/example.log"
+  if [[ $N -ge 2 ]]; then
+    stamp "python: example"
+    PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
+      --tokens 16 > "$OUT/example.log" 2>&1
+    echo "example rc=$?"; tail -6 "$OUT/example.log"
+  fi
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
   # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck, racecheck and
@@ -80,10 +83,10 @@ if [[ " $stages " == *" sanitize "* ]]; then
     echo "sanitize $1 tp$2 rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$log" | sort | uniq -c | head -8
   }
   san memcheck 1 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp1/g')"
-  san memcheck 2 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp2/g')"
+  [[ $N -ge 2 ]] && san memcheck 2 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp2/g')"
   RS_FILTER=${RS_FILTER:-*Dsv41EveryVariantEveryM*:*StreamingConsumerEqualsRowPerCta*:*ProtocolsGiveIdenticalBits*:*AllGather.SizesAgainstReference*}
   for tool in racecheck synccheck; do
-    for tp in ${SAN_TPS:-1 2}; do san $tool $tp "$(echo "$RS_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
+    for tp in ${SAN_TPS:-$(seq 1 $N)}; do san $tool $tp "$(echo "$RS_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
   done
 fi
 if [[ " $stages " == *" profile "* ]]; then
