@@ -84,7 +84,8 @@ TEST(Lifecycle, CommunicatorCyclesDoNotLeak) {
   const size_t dev1 = device_free_bytes(), host1 = host_rss_bytes();
   std::printf("%d TP=1 communicator cycles: device free %zu -> %zu, host RSS %zu -> %zu\n", done, dev0,
               dev1, host0, host1);
-  EXPECT_GE(done, 200);
+  // At least 200 in the default 120 s (a shorter bound asks proportionally fewer).
+  EXPECT_GE(done, std::min<long>(200, 200 * bound_s / 120));
   EXPECT_GE(dev1 + kSlack, dev0) << "device memory grew";
   EXPECT_LE(host1, host0 + kSlack) << "host memory grew";
   if (!env().world) return;
