@@ -354,8 +354,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
   }
   pdl_launch_dependents();  // after the state read: dependents start the next call
-  uint32_t ticket = 0;
-  if constexpr (IN == ConsumerInput::kPoll) ticket = arrive_early(p.state);
 
   // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -413,7 +411,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
                              p.tp, contrib_packs, owned_prev * np);
     }
-    advance_if_last(p.state, ticket, static_cast<uint32_t>(p.m));
+    arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
   }
 }
 
