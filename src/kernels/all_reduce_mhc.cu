@@ -24,10 +24,11 @@ namespace cg = cooperative_groups;
 // --- MoE finalize: this rank's x of one pack ------------------------------------------------
 // x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
 // Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
-// recorded. The gemm2 packs of kGroup routes are loaded together before their fmas.
+// recorded. The gemm2 packs of kGroup routes are loaded together before their fmas: 8, so that
+// DSV4.1's top_k = 6 costs two dependent round trips (routes, then rows), not four.
 __device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
-  constexpr int kGroup = 4;
+  constexpr int kGroup = 8;
   float acc[8];
   unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
   for (int k0 = 0; k0 < f.top_k; k0 += kGroup) {
