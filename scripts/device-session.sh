@@ -90,11 +90,12 @@ if [[ " $stages " == *" sanitize "* ]]; then
   done
 fi
 if [[ " $stages " == *" profile "* ]]; then
-  stamp "ncu: the TP=1 consumer at M=1"
-  timeout 240 ncu --clock-control none -k regex:mhc_consumer_kernel --launch-count 2 \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section SourceCounters \
-    "$B/tests/gpu/mhccl_gpu_tests" --gtest_filter='Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1' > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "Duration|Warp Cycles Per Issued|Stall|Registers Per|Block Size|Achieved Occ" "$OUT/ncu.txt" | head -30
+  # PROFILE_FILTER: the test whose consumer launches are profiled; PROFILE_COUNT of them.
+  stamp "ncu: the TP=1 consumer (${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1})"
+  timeout 240 ncu --clock-control none -k regex:mhc_consumer_kernel --launch-count ${PROFILE_COUNT:-2} \
+    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section InstructionStats \
+    "$B/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}" > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "mhc_consumer_kernel|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size" "$OUT/ncu.txt" | head -80
 fi
 if [[ " $stages " == *" bench "* ]]; then
   stamp "mhccl-bench ${BENCH_ARGS:-}"
