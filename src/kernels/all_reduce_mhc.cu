@@ -355,6 +355,13 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
   }
   pdl_launch_dependents();  // after the state read: dependents start the next call
+  uint4 direct = make_uint4(0, 0, 0, 0);
+  if constexpr (IN == ConsumerInput::kDirect) {
+    if (rp.active) direct = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
+  }
+  // The MXFP8 scales' padding rows depend on no data: their stores go out while the loads above
+  // (and, polling, the peers' rows) are in flight instead of after the epilogue.
+  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 
   // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -378,12 +385,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
         for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);
       }
     } else {
-      uint4 x;
-      if constexpr (IN == ConsumerInput::kFinalize) {
-        x = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-      } else {
-        x = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
-      }
+      uint4 x = direct;
+      if constexpr (IN == ConsumerInput::kFinalize) x = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
       float f[8];
       unpack_bf16(x, f);
 #pragma unroll
@@ -396,7 +399,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   __syncthreads();  // the mixes are in shared memory
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
-  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 
   if constexpr (IN == ConsumerInput::kPoll) {
     // The previous call's slots, reset once this call's outputs are out (peers store into them
