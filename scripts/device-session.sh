@@ -70,7 +70,7 @@ if [[ " $stages " == *" python "* ]]; then
 fi
 if [[ " $stages " == *" sanitize "* ]]; then
   # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck, racecheck and
-  # synccheck at TP=1 and TP=2 (SAN_TPS); filters SAN_FILTER (memcheck) and RS_FILTER.
+  # synccheck (SAN_TOOLS) at TP=1 and TP=2 (SAN_TPS); filters SAN_FILTER (memcheck) and RS_FILTER.
   # API errors are not reported: NCCL's init probes kernels with cudaFuncGetAttributes and gets
   # cudaErrorNoKernelImageForDevice for images it does not carry (handled inside NCCL).
   SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*StreamingConsumerEqualsRowPerCta*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
@@ -82,10 +82,12 @@ if [[ " $stages " == *" sanitize "* ]]; then
     else MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "$B/tools/mhccl-launch" -n 2 --timeout $(( ${SAN_TIMEOUT:-200} - 10 )) -- "${cmd[@]}" > "$log" 2>&1; fi
     echo "sanitize $1 tp$2 rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$log" | sort | uniq -c | head -8
   }
-  san memcheck 1 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp1/g')"
-  [[ $N -ge 2 ]] && san memcheck 2 "$(echo "$SAN_FILTER" | sed 's/\([^:]*\)/\1tp2/g')"
+  if [[ " ${SAN_TOOLS:-memcheck racecheck synccheck} " == *" memcheck "* ]]; then
+    for tp in ${SAN_TPS:-$(seq 1 $N)}; do san memcheck $tp "$(echo "$SAN_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
+  fi
   RS_FILTER=${RS_FILTER:-*Dsv41EveryVariantEveryM*:*StreamingConsumerEqualsRowPerCta*:*ProtocolsGiveIdenticalBits*:*AllGather.SizesAgainstReference*}
-  for tool in racecheck synccheck; do
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+    [[ $tool == memcheck ]] && continue
     for tp in ${SAN_TPS:-$(seq 1 $N)}; do san $tool $tp "$(echo "$RS_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
   done
 fi
