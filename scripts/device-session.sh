@@ -79,7 +79,7 @@ if [[ " $stages " == *" sanitize "* ]]; then
     local cmd=(compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 --print-limit 20 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 "--gtest_filter=$3")
     stamp "compute-sanitizer --tool $1 at TP=$2"
     if [[ $2 == 1 ]]; then MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "${cmd[@]}" > "$log" 2>&1
-    else MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "$B/tools/mhccl-launch" -n 2 --timeout $(( ${SAN_TIMEOUT:-200} - 10 )) -- "${cmd[@]}" > "$log" 2>&1; fi
+    else MHCCL_WAIT_TIMEOUT_MS=120000 timeout ${SAN_TIMEOUT:-200} "$B/tools/mhccl-launch" -n $2 --timeout $(( ${SAN_TIMEOUT:-200} - 10 )) -- "${cmd[@]}" > "$log" 2>&1; fi
     echo "sanitize $1 tp$2 rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$log" | sort | uniq -c | head -8
   }
   if [[ " ${SAN_TOOLS:-memcheck racecheck synccheck} " == *" memcheck "* ]]; then

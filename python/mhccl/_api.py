@@ -163,7 +163,8 @@ class AllReduceMHC:
         lib = _lib()
         _, tp, _ = _group_layout(group)
         lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                         residual_only, tp)
+                         residual_only, tp, two_shot_min_rows, two_shot_min_finalize_rows,
+                         nccl_min_rows, nccl_min_finalize_rows)
         self.hidden_size = hidden_size
         self.hc_mult = hc_mult
         self.capacity = max_num_tokens

@@ -238,12 +238,17 @@ NB_MODULE(_mhccl, m) {
 
   // The host-side checks, callable without a GPU (what every op runs before its first launch).
   m.def("check_config", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
-                           bool quantize_layer_input, bool residual_only, int tp) {
+                           bool quantize_layer_input, bool residual_only, int tp,
+                           int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
+                           int64_t nccl_min_rows, int64_t nccl_min_finalize_rows) {
           mhccl::check_all_reduce_mhc_config(
               make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                          residual_only, 0, 0, 0, 0, true), tp);
+                          residual_only, two_shot_min_rows, two_shot_min_finalize_rows,
+                          nccl_min_rows, nccl_min_finalize_rows, true), tp);
         }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
-        nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false, nb::arg("tp") = 1);
+        nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false, nb::arg("tp") = 1,
+        nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
+        nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0);
   m.def("check_call", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
                          bool quantize_layer_input, bool residual_only, int device, const Array& x,
                          const Array& residual, const Array& post, const Array& comb, const MaybeArray& pre,

@@ -39,6 +39,8 @@ def test_mxfp8_scale_bytes_rejects_bad_hidden():
     (dict(hc_mult=3), "hc_mult: expected 1, 2, 4 or 8"),
     (dict(top_k=17), "top_k: expected 1..16"),
     (dict(max_num_tokens=0), "max_num_tokens"),
+    (dict(two_shot_min_rows=-1), "two_shot_min_rows"),
+    (dict(nccl_min_finalize_rows=-3), "nccl_min_rows / nccl_min_finalize_rows: expected >= 0"),
 ])
 def test_config_errors_are_value_errors(kwargs, message):
     args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)

@@ -302,7 +302,7 @@ void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
             std::to_string(c.streaming_min_rows));
   }
   if (c.nccl_min_rows < 0 || c.nccl_min_finalize_rows < 0) {
-    invalid("nccl_min_rows / nccl_min_finalize_rows: expected >= 0 (0 = default), got " +
+    invalid("nccl_min_rows / nccl_min_finalize_rows: expected >= 0 (0 = never), got " +
             std::to_string(c.nccl_min_rows) + " / " + std::to_string(c.nccl_min_finalize_rows));
   }
   if (c.two_shot_min_rows < 0 || c.two_shot_min_finalize_rows < 0) {
