@@ -294,7 +294,7 @@ void time_all_gather(Ctx& c) {
       Desc dout(out[i % kSets].get(), testing::kU8, {bytes * c.tp}, c.device);
       ag.call(din.t, dout.t, c.stream);
     });
-    double nccl = ours;
+    double nccl = 0.0;  // TP=1: no baseline (the all-gather is a copy)
     if (c.tp > 1) {
       nccl = c.time_calls([&](int i) {
         c.nccl(ncclAllGather(in[i % kSets].get(), out[i % kSets].get(), bytes, ncclUint8, c.comm->nccl(), c.stream));
@@ -303,7 +303,11 @@ void time_all_gather(Ctx& c) {
     json r{{"op", "allgather"}, {"variant", "-"}, {"protocol", c.tp > 1 ? "lamport" : "copy"}, {"tp", c.tp},
            {"m", 0}, {"bytes", bytes}, {"us_median", ours}, {"baseline", "ncclAllGather"},
            {"baseline_us", c.tp > 1 ? json(nccl) : json(nullptr)}};
-    c.say("    %8lld B/rank  mhccl %8.2f us   ncclAllGather %8.2f us\n", (long long)bytes, ours, nccl);
+    if (c.tp > 1) {
+      c.say("    %8lld B/rank  mhccl %8.2f us   ncclAllGather %8.2f us\n", (long long)bytes, ours, nccl);
+    } else {
+      c.say("    %8lld B/rank  mhccl %8.2f us   (TP=1: a copy, no baseline)\n", (long long)bytes, ours);
+    }
     c.rows.push_back(r);
   }
 }
