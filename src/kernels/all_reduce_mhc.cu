@@ -4,9 +4,6 @@
 // tiling.ctas_per_row CTAs (a thread-block cluster whose CTAs add their RMS partial sums
 // through distributed shared memory).
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <utility>
 
 #include <cooperative_groups.h>
@@ -557,30 +554,9 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   return nullptr;
 }
 
-// CTAs of the streaming consumer resident at once on the current device (0: it cannot run),
-// with its dynamic shared memory allowed first (once per kernel: a function attribute).
-int streaming_resident_ctas(ConsumerFn fn, int threads, size_t smem) {
-  static std::mutex mu;
-  // (kernel, device, threads, shared memory) -> CTAs resident at once (both sizes depend on H)
-  static std::map<std::tuple<ConsumerFn, int, int, size_t>, int> known;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(fn, device, threads, smem);
-  auto it = known.find(key);
-  if (it == known.end()) {
-    int per_sm = 0;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
-      per_sm = 0;
-    }
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    it = known.emplace(key, per_sm * sms).first;
-  }
-  return it->second;
+// Dynamic shared memory of the streaming consumer: 2 stages x (hc + 1) packs a thread.
+size_t streaming_smem(int hc, int threads) {
+  return static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
 }
 
 template <class Params>
@@ -622,11 +598,22 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
   return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
 }
 
+// Queried once per op and variant at construction (AllReduceMHC agrees on one value across the
+// ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
 int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int threads) {
   ConsumerFn fn = streaming_consumer_for(hc, variant);
-  const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
+  const size_t smem = streaming_smem(hc, threads);
   if (fn == nullptr || smem > kMaxStreamingSmem) return 0;
-  return streaming_resident_ctas(fn, threads, smem);
+  int device = 0, per_sm = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
+    return 0;
+  }
+  return per_sm * sms;
 }
 
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
@@ -636,10 +623,9 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
     const bool stream_rows = p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas;
     if (stream_rows) {
       const int threads = p.tiling.threads;
-      const size_t smem = static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
       return launch_ex(streaming_consumer_for(hc, variant), p,
                        dim3(static_cast<unsigned>(std::min<int64_t>(p.m, p.streaming_ctas))),
-                       dim3(static_cast<unsigned>(threads)), smem, stream, pdl);
+                       dim3(static_cast<unsigned>(threads)), streaming_smem(hc, threads), stream, pdl);
     }
   }
   ConsumerFn fn = consumer_for(hc, input, variant);

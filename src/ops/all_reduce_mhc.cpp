@@ -38,19 +38,14 @@ using kernels::PublishParams;
 // 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
 // TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
 // (TP=4) or a quarter (TP=8) of the bytes.
-constexpr int64_t kNeverTwoShot = std::numeric_limits<int64_t>::max();
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold never reached
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
-    case 2: return finalize ? kNeverTwoShot : 2048;
+    case 2: return finalize ? kNever : 2048;
     case 4: return finalize ? 512 : 384;
     default: return finalize ? 256 : 192;
   }
 }
-// Rows from which the automatic choice takes the NCCL all-reduce + consumer: never by default.
-// NCCL's wait for a dead peer has no budget (no kPeerTimeout, I12), which the Lamport paths
-// promise; a caller who trades that for speed sets nccl_min_rows (TP=2 call from 4096 measured
-// faster: docs/PERFORMANCE.md).
-constexpr int64_t kNeverNccl = std::numeric_limits<int64_t>::max();
 
 const void* data_of(const DLTensor* t) {
   return t == nullptr ? nullptr : static_cast<const char*>(t->data) + t->byte_offset;
@@ -305,8 +300,11 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (cfg.two_shot_min_finalize_rows == 0) {
     cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(c.tp, true);
   }
-  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNeverNccl;
-  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNeverNccl;
+  // The NCCL path in the automatic choice: never by default. NCCL's wait for a dead peer has no
+  // budget (no kPeerTimeout, I12), which the Lamport paths promise; a caller who trades that for
+  // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE.md).
+  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
+  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
   // Benchmark A/B only: whether the direct consumer streams (set it alike on every rank; the
