@@ -67,6 +67,11 @@ struct AllReduceMHCConfig {
   // computes the current one (cp.async), from this many rows: the same bits, more of the HBM
   // bandwidth. -1: when M exceeds the CTAs resident at once; 0: never.
   int64_t streaming_min_rows = -1;
+  // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
+  // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the
+  // protocols' kernels, generations and resets on one GPU). kAuto still reads x directly.
+  // Ignored at TP > 1.
+  bool lamport_self_test = false;
 };
 
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).
@@ -90,7 +95,7 @@ struct MHCEpilogueArgs {
 struct AllReduceMHCCallArgs {
   const DLTensor* x = nullptr;  // [M, H] BF16: this rank's partial sublayer output
   MHCEpilogueArgs epilogue;
-  Protocol protocol = Protocol::kAuto;  // at TP=1 there is no protocol: ignored (x read directly)
+  Protocol protocol = Protocol::kAuto;  // at TP=1 ignored (x read directly), but see lamport_self_test
 };
 
 struct AllReduceMHCFinalizeArgs {

@@ -68,7 +68,8 @@ class Communicator {
   void check_errors();
   bool usable() const;
 
-  // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`.
+  // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`. At
+  // TP=1: plain device memory (no peer). Throws Error(kUnsupported) where peers are unreachable.
   std::unique_ptr<SymmetricBuffer> alloc_symmetric(size_t bytes, uint32_t fill);
 
   struct Impl;  // src/comm/communicator_impl.h

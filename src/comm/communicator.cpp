@@ -240,13 +240,14 @@ struct SymmetricBuffer::State {
   std::shared_ptr<Communicator::Impl> comm;
   void* ptr = nullptr;
   ncclWindow_t window = nullptr;
+  bool plain = false;  // TP=1: cudaMalloc'ed, no window
   std::vector<void*> peers;
 };
 
 std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uint32_t fill) {
   Impl& im = *impl_;
   im.check();
-  if (!im.reachable || im.tp == 1) {
+  if (!im.reachable) {
     throw Error(ErrorCode::kUnsupported, "symmetric buffers need every peer load/store reachable");
   }
   detail::DeviceGuard guard(im.device);
@@ -255,6 +256,18 @@ std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uin
   buf->state_ = std::make_unique<SymmetricBuffer::State>();
   SymmetricBuffer::State& st = *buf->state_;
   st.comm = impl_;
+  if (im.tp == 1) {  // no peer: plain device memory, its own (only) peer entry
+    MHCCL_CUDA(cudaMalloc(&st.ptr, size));
+    st.plain = true;
+    MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
+    MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf->peers_device_), sizeof(void*)));
+    MHCCL_CUDA(cudaMemcpyAsync(buf->peers_device_, &st.ptr, sizeof(void*), cudaMemcpyHostToDevice, im.setup_stream));
+    MHCCL_CUDA(cudaStreamSynchronize(im.setup_stream));
+    st.peers = {st.ptr};
+    buf->local_ = st.ptr;
+    buf->bytes_ = size;
+    return buf;
+  }
   MHCCL_NCCL(ncclMemAlloc(&st.ptr, size));
   MHCCL_NCCL(ncclCommWindowRegister(im.comm, st.ptr, size, &st.window, NCCL_WIN_COLL_SYMMETRIC));
   MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
@@ -283,7 +296,9 @@ SymmetricBuffer::~SymmetricBuffer() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
-  if (st.comm->peer_failed()) {
+  if (st.plain) {
+    st.comm->release({st.ptr});
+  } else if (st.comm->peer_failed()) {
     // Nothing here may wait: no device synchronization, no deregistration (it may wait for a
     // dead peer). An owned communicator is aborted, which releases the window, and frees the
     // memory after that. Around the caller's ncclComm_t the window stays registered until the

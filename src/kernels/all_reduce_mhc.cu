@@ -299,6 +299,25 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
   }
 }
 
+// The end of a polling consumer, the call's last kernel, in every CTA: the previous call's
+// slots reset once this call's outputs are out (peers store into them again only two calls
+// later: docs/PROTOCOL.md), for two-shot also this rank's owned contributions of the previous
+// call; then the generation advance by the grid's last CTA.
+__device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const Generation& g) {
+  const int64_t np = p.np;
+  const int64_t slot_packs = p.slot_rows * np;
+  reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) + g.previous * p.nslots * slot_packs,
+                         p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
+  if (p.contributions != nullptr) {
+    const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
+                                   ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
+    const int64_t contrib_packs = p.owner_rows * np;
+    reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
+                           p.tp, contrib_packs, owned_prev * np);
+  }
+  arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
+}
+
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(const ConsumerParams p) {
   __shared__ float warp_sums[kMaxThreadsPerCta / 32];
@@ -397,22 +416,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
 
-  if constexpr (IN == ConsumerInput::kPoll) {
-    // The previous call's slots, reset once this call's outputs are out (peers store into them
-    // again only two calls later: docs/PROTOCOL.md).
-    const int64_t slot_packs = p.slot_rows * np;
-    reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
-                               g.previous * p.nslots * slot_packs,
-                           p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
-    if (p.contributions != nullptr) {  // two-shot: this rank's owned rows of the previous call
-      const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
-                                     ? (g.prev_rows - p.rank + p.tp - 1) / p.tp : 0;
-      const int64_t contrib_packs = p.owner_rows * np;
-      reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
-                             p.tp, contrib_packs, owned_prev * np);
-    }
-    arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
-  }
+  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g);
 }
 
 // --- Streaming consumer ------------------------------------------------------------------------
@@ -430,75 +434,143 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
-// The direct consumer (TP=1 call, the NCCL fallback's reduced rows) at large M, rows of one CTA:
-// a grid of the CTAs resident at once, each looping over rows r, r + gridDim.x, ... and copying
-// the next row's x, residual streams and mixes into shared memory while it computes the
-// current one. A CTA per row (one resident per SM at 640 threads and 96 registers) alternates
-// between loading and computing; here an SM loads the next row during the current row's
-// arithmetic, reductions and stores. Same arithmetic as mhc_consumer_kernel, same bits.
-// Shared memory: 2 stages x (HC + 1) x blockDim.x packs (dynamic), mixes and warp sums x 2.
-template <int HC, ConsumerVariant V>
+// The consumer at large M, rows of one CTA: a grid of the CTAs resident at once, each looping
+// over rows and copying the next row's inputs, residual streams and mixes into shared memory
+// with cp.async while it computes the current one. A CTA per row (one resident per SM at 640
+// threads and 96 registers) alternates between loading and computing; here an SM loads the
+// next row during the current row's arithmetic, reductions and stores. Same arithmetic as
+// mhc_consumer_kernel, same bits.
+//
+// IN = kDirect (TP=1 call, the NCCL fallback's reduced rows): every CTA consumes, rows r,
+// r + gridDim.x, ...
+// IN = kPoll (one-shot and two-shot above the single launch): the inputs are the nslots
+// mailbox slots of the row, copied like the rest; a slot pack that still holds the sentinel
+// once its copy landed goes to the bounded wait. With publisher_ctas > 0 (one-shot) the grid's
+// first publisher_ctas CTAs publish this rank's rows (x, or the finalize reduction) into every
+// rank's mailbox in row order and the others consume, so that the NVLink stores of later rows
+// overlap the epilogue of earlier ones (a publish kernel before a CTA-per-row consumer runs
+// them one after the other: the consumer starts only once every publish CTA has). Deadlock-
+// free: a consuming CTA waits only for peers' publishing CTAs, which wait for nothing, and the
+// grid is the CTAs resident at once (agreed across ranks), so every publishing CTA runs.
+// Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
+template <int HC, ConsumerInput IN, ConsumerVariant V>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
+  static_assert(IN == ConsumerInput::kDirect || IN == ConsumerInput::kPoll, "no streaming finalize at TP=1");
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
-  extern __shared__ uint4 stage_packs[];    // [2][HC + 1][blockDim.x]: residual streams, then x
+  extern __shared__ uint4 stage_packs[];    // [2][HC + inputs][blockDim.x]: residual streams, then inputs
   __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
   __shared__ float mixes[2][kMixes];
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
   const bool active = pack < np;
+  const int inputs = IN == ConsumerInput::kPoll ? p.nslots : 1;
+  const int stage_stride = (HC + inputs) * threads;
   const uint4* residual = static_cast<const uint4*>(p.residual);
   const uint4* in = static_cast<const uint4*>(p.in);
   if (p.wait_predecessor) pdl_wait();
-  pdl_launch_dependents();
-  uint4 norm = make_uint4(0, 0, 0, 0);
-  if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
+  Generation g{0, 0, 0};
+  if constexpr (IN == ConsumerInput::kPoll) g = read_generation(p.state);
+  pdl_launch_dependents();  // after the state read: dependents start the next call
+  const int64_t slot_packs = p.slot_rows * np;
+  const uint4* slots = in + static_cast<int64_t>(g.current) * p.nslots * slot_packs;  // kPoll
+  const int publishers = IN == ConsumerInput::kPoll ? p.publisher_ctas : 0;
 
-  // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
-  // it will read itself; the mixes are spread over the CTA).
-  auto prefetch = [&](int64_t row, int stage) {
-    uint4* st = stage_packs + stage * (HC + 1) * threads;
-    if (active) {
+  if (static_cast<int>(blockIdx.x) < publishers) {
+    // This rank's rows into every rank's slot [gen][rank][row], rows blockIdx.x + k * publishers
+    // (several in flight a thread for x; the finalize reduction has its own 8 loads in flight).
+    const int64_t step = publishers;
+    if (active && p.x != nullptr) {
+      constexpr int kRows = 4;
+      const uint4* x = static_cast<const uint4*>(p.x);
+      for (int64_t r0 = blockIdx.x; r0 < p.m; r0 += kRows * step) {
+        uint4 v[kRows];
 #pragma unroll
-      for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
-      cp_async16(st + HC * threads + pack, in + row * np + pack);
+        for (int u = 0; u < kRows; ++u) {
+          const int64_t row = r0 + u * step;
+          if (row < p.m) v[u] = ld_input(x + row * np + pack);
+        }
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          const int64_t row = r0 + u * step;
+          if (row < p.m) {
+            store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
+                           publishable<Bf16Lanes>(v[u]));
+          }
+        }
+      }
+    } else if (active) {
+      for (int64_t row = blockIdx.x; row < p.m; row += step) {
+        const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
+        store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
+                       publishable<Bf16Lanes>(v));
+      }
     }
-    for (int i = pack; i < kMixes; i += threads) {
-      if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
-      else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
-      else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
-    }
-    cp_async_commit();
-  };
+  } else {
+    uint4 norm = make_uint4(0, 0, 0, 0);
+    if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
+    const int64_t step = static_cast<int64_t>(gridDim.x) - publishers;
 
-  int stage = 0;
-  int64_t row = blockIdx.x;
-  if (row < p.m) prefetch(row, 0);
-  for (; row < p.m; row += gridDim.x, stage ^= 1) {
-    // The next row goes into the other stage, whose last readers finished: every thread passed
-    // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
-    // its last read of that stage's mixes, and reads only the packs it copied itself.
-    const int64_t next = row + gridDim.x;
-    if (next < p.m) prefetch(next, stage ^ 1);
-    else cp_async_commit();  // an empty group: "all but the newest" stays this row's
-    cp_async_wait_all_but_newest();
-    __syncthreads();  // the mixes other threads copied are visible
-    const uint4* st = stage_packs + stage * (HC + 1) * threads;
-    uint4 res[HC];
-    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (active) {
+    // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
+    // it will read itself; the mixes are spread over the CTA).
+    auto prefetch = [&](int64_t row, int stage) {
+      uint4* st = stage_packs + stage * stage_stride;
+      if (active) {
 #pragma unroll
-      for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
-      float f[8];
-      unpack_bf16(st[HC * threads + pack], f);
+        for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
+        if constexpr (IN == ConsumerInput::kPoll) {
+          for (int r = 0; r < inputs; ++r) cp_async16(st + (HC + r) * threads + pack, slots + r * slot_packs + row * np + pack);
+        } else {
+          cp_async16(st + HC * threads + pack, in + row * np + pack);
+        }
+      }
+      for (int i = pack; i < kMixes; i += threads) {
+        if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
+        else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
+        else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
+      }
+      cp_async_commit();
+    };
+
+    int stage = 0;
+    int64_t row = static_cast<int64_t>(blockIdx.x) - publishers;
+    if (row < p.m) prefetch(row, 0);
+    for (; row < p.m; row += step, stage ^= 1) {
+      // The next row goes into the other stage, whose last readers finished: every thread passed
+      // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
+      // its last read of that stage's mixes, and reads only the packs it copied itself.
+      const int64_t next = row + step;
+      if (next < p.m) prefetch(next, stage ^ 1);
+      else cp_async_commit();  // an empty group: "all but the newest" stays this row's
+      cp_async_wait_all_but_newest();
+      __syncthreads();  // the mixes other threads copied are visible
+      const uint4* st = stage_packs + stage * stage_stride;
+      uint4 res[HC];
+      // y: the row's reduced pack, FP32 sum from +0.0 in slot (rank) order, rounded to BF16.
+      float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (active) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(0.0f, f[e]);  // -0.0 -> +0.0, as the protocols
-      unpack_bf16(pack_bf16(y), y);
+        for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+        for (int r = 0; r < inputs; ++r) {
+          uint4 v = st[(HC + r) * threads + pack];
+          if constexpr (IN == ConsumerInput::kPoll) {
+            const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
+            wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, p.err,
+                                 WaitSite{p.protocol, peer, g.current, row});
+          }
+          float f[8];
+          unpack_bf16(v, f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);  // -0.0 -> +0.0, as the protocols
+        }
+        unpack_bf16(pack_bf16(y), y);
+      }
+      epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
+      if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
     }
-    epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
-    if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
   }
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
+  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g);
 }
 
 // --- Dispatch -------------------------------------------------------------------------------
@@ -535,16 +607,17 @@ ConsumerFn consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
   return nullptr;
 }
 
+template <ConsumerInput IN>
 ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   auto pick = [v](auto plain, auto mxfp8, auto residual_only) -> ConsumerFn {
     return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8 : residual_only;
   };
   switch (hc) {
-#define MHCCL_STREAMING(H)                                                      \
-  case H:                                                                        \
-    return pick(mhc_consumer_streaming_kernel<H, ConsumerVariant::kPlain>,       \
-                mhc_consumer_streaming_kernel<H, ConsumerVariant::kMxfp8>,       \
-                mhc_consumer_streaming_kernel<H, ConsumerVariant::kResidualOnly>);
+#define MHCCL_STREAMING(H)                                                          \
+  case H:                                                                            \
+    return pick(mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kPlain>,       \
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kMxfp8>,       \
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kResidualOnly>);
     MHCCL_STREAMING(1)
     MHCCL_STREAMING(2)
     MHCCL_STREAMING(4)
@@ -553,10 +626,18 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   }
   return nullptr;
 }
+ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
+  switch (in) {
+    case ConsumerInput::kDirect: return streaming_consumer_for<ConsumerInput::kDirect>(hc, v);
+    case ConsumerInput::kPoll: return streaming_consumer_for<ConsumerInput::kPoll>(hc, v);
+    case ConsumerInput::kFinalize: return nullptr;
+  }
+  return nullptr;
+}
 
-// Dynamic shared memory of the streaming consumer: 2 stages x (hc + 1) packs a thread.
-size_t streaming_smem(int hc, int threads) {
-  return static_cast<size_t>(2 * (hc + 1) * threads) * sizeof(uint4);
+// Dynamic shared memory of the streaming consumer: 2 stages x (hc + inputs) packs a thread.
+size_t streaming_smem(int hc, int inputs, int threads) {
+  return static_cast<size_t>(2 * (hc + inputs) * threads) * sizeof(uint4);
 }
 
 template <class Params>
@@ -598,11 +679,12 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
   return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
 }
 
-// Queried once per op and variant at construction (AllReduceMHC agrees on one value across the
-// ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
-int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int threads) {
-  ConsumerFn fn = streaming_consumer_for(hc, variant);
-  const size_t smem = streaming_smem(hc, threads);
+// Queried once per op, input and variant at construction (AllReduceMHC agrees on one value
+// across the ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
+int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
+                                     int threads) {
+  ConsumerFn fn = streaming_consumer_for(hc, input, variant);
+  const size_t smem = streaming_smem(hc, inputs, threads);
   if (fn == nullptr || smem > kMaxStreamingSmem) return 0;
   int device = 0, per_sm = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -616,17 +698,22 @@ int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int thread
   return per_sm * sms;
 }
 
+bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
+  if (input == ConsumerInput::kFinalize || p.tiling.ctas_per_row != 1 || p.streaming_min_rows == 0 ||
+      p.streaming_ctas <= p.publisher_ctas || p.m <= 1 || (input == ConsumerInput::kPoll && p.publish_first)) {
+    return false;
+  }
+  return p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas - p.publisher_ctas;
+}
+
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl) {
-  if (input == ConsumerInput::kDirect && p.tiling.ctas_per_row == 1 && p.streaming_min_rows != 0 &&
-      p.streaming_ctas > 0 && p.m > 1) {
-    const bool stream_rows = p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas;
-    if (stream_rows) {
-      const int threads = p.tiling.threads;
-      return launch_ex(streaming_consumer_for(hc, variant), p,
-                       dim3(static_cast<unsigned>(std::min<int64_t>(p.m, p.streaming_ctas))),
-                       dim3(static_cast<unsigned>(threads)), streaming_smem(hc, threads), stream, pdl);
-    }
+  if (consumer_streams(p, input)) {
+    const int threads = p.tiling.threads;
+    const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
+    const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas, p.streaming_ctas);
+    return launch_ex(streaming_consumer_for(hc, input, variant), p, dim3(static_cast<unsigned>(grid)),
+                     dim3(static_cast<unsigned>(threads)), streaming_smem(hc, inputs, threads), stream, pdl);
   }
   ConsumerFn fn = consumer_for(hc, input, variant);
   if (fn == nullptr) return cudaErrorInvalidValue;

@@ -45,10 +45,15 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl);
-// CTAs of the streaming direct consumer (ConsumerParams::streaming_ctas) resident at once on the
-// current device for an epilogue over hc streams at `threads` threads a CTA (0: it cannot run
-// there). A per-device query: the op agrees on one value across ranks at construction.
-int streaming_consumer_resident_ctas(int hc, ConsumerVariant variant, int threads);
+// CTAs of the streaming consumer (ConsumerParams::streaming_ctas) resident at once on the
+// current device for an epilogue over hc streams with `inputs` input packs a thread (1: x or
+// reduced rows, tp: one-shot slots) at `threads` threads a CTA (0: it cannot run there). A
+// per-device query: the op agrees on one value across ranks at construction.
+int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
+                                     int threads);
+// Whether launch_consumer runs the streaming consumer for these params (a function of the
+// params only, so the host knows whether a one-shot needs its publish kernel).
+bool consumer_streams(const ConsumerParams& p, ConsumerInput input);
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.

@@ -119,9 +119,11 @@ enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
 constexpr int kMaxSingleLaunchCtas = 96;
 // CTAs a row of a small-M call spreads over (a cluster), when the single-launch grid allows.
 constexpr int kSmallMCtasPerRow = 5;
-// Dynamic shared memory the streaming consumer may take: 2 stages of (hc + 1) packs a thread
-// (hc = 8 at 512 threads: 144 KiB; hc = 4 at 640: 100 KiB).
-constexpr size_t kMaxStreamingSmem = 160 * 1024;
+// Dynamic shared memory the streaming consumer may take: 2 stages of (hc + inputs) packs a
+// thread, inputs = 1 (x, reduced rows) or tp (one-shot slots): hc = 4 at 640 threads 100 KiB
+// (TP=2 one-shot 120 KiB, TP=4 160 KiB); hc = 8 at 512 threads 144 KiB (TP=2 160 KiB, TP=4
+// 192 KiB). Above it (TP=8 one-shot) the CTA-per-row consumer runs.
+constexpr size_t kMaxStreamingSmem = 200 * 1024;
 
 struct ConsumerParams {
   // griddepcontrol.wait before reading anything: needed when this kernel is the call's first
@@ -160,13 +162,17 @@ struct ConsumerParams {
   int np;
   RowTiling tiling;
   ErrorSink err;
-  // kDirect with one CTA a row: from this many rows the streaming (persistent, prefetching)
-  // consumer runs on min(M, streaming_ctas) CTAs; -1: when M exceeds streaming_ctas; 0: never.
+  // Rows of one CTA, kDirect or kPoll after a publish kernel (or with publisher_ctas): from this
+  // many rows the streaming (persistent, prefetching) consumer runs on min(M + publisher_ctas,
+  // streaming_ctas) CTAs; -1: when M exceeds its consuming CTAs; 0: never.
   int64_t streaming_min_rows;
-  // CTAs of the streaming consumer resident at once, the same on every rank (the op's minimum
-  // over the ranks, agreed at construction: launch shapes never depend on a per-rank query);
-  // 0: it does not run.
+  // CTAs of the streaming consumer resident at once for this input, the same on every rank (the
+  // op's minimum over the ranks, agreed at construction: launch shapes never depend on a
+  // per-rank query); 0: it does not run.
   int streaming_ctas;
+  // kPoll one-shot, streaming: the grid's first publisher_ctas CTAs publish this rank's rows (no
+  // publish kernel before it); 0: every CTA consumes.
+  int publisher_ctas;
 };
 
 struct OwnerReduceParams {

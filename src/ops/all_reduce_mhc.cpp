@@ -39,6 +39,10 @@ using kernels::PublishParams;
 // TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
 // (TP=4) or a quarter (TP=8) of the bytes.
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold never reached
+// CTAs that publish in the streaming one-shot (call, finalize): enough that this rank's rows
+// leave at the NVLink rate while the other CTAs consume (docs/PERFORMANCE.md).
+constexpr int kDefaultPublisherCtas = 16;
+constexpr int kDefaultFinalizePublisherCtas = 40;
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
     case 2: return finalize ? kNever : 2048;
@@ -65,9 +69,13 @@ struct AllReduceMHC::Impl {
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
-  // Grid of the streaming direct consumer per variant (plain, mxfp8, residual_only): the minimum
-  // over the ranks of its CTAs resident at once, agreed at construction; 0: it does not run.
-  int streaming_ctas[3] = {0, 0, 0};
+  // Grid of the streaming consumer per input (direct; polling) and variant (plain, mxfp8,
+  // residual_only): the minimum over the ranks of its CTAs resident at once, agreed at
+  // construction; 0: it does not run.
+  int streaming_ctas[2][3] = {{0, 0, 0}, {0, 0, 0}};
+  // One-shot above the single launch, streaming: CTAs of the consumer's grid that publish this
+  // rank's rows (call, finalize). Finalize's publish gathers top_k GEMM2 rows a row from HBM.
+  int publisher_ctas[2] = {kDefaultPublisherCtas, kDefaultFinalizePublisherCtas};
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
@@ -80,6 +88,12 @@ struct AllReduceMHC::Impl {
     return finalize ? cfg.nccl_min_finalize_rows : cfg.nccl_min_rows;
   }
 
+  // TP=1 with AllReduceMHCConfig::lamport_self_test: a forced Lamport protocol runs through this
+  // rank's own mailbox.
+  bool self_mailbox(Protocol forced) const {
+    return comm->tp == 1 && cfg.lamport_self_test && (forced == Protocol::kOneShot || forced == Protocol::kTwoShot);
+  }
+
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
     if (forced != Protocol::kAuto && forced != Protocol::kOneShot && forced != Protocol::kTwoShot &&
         forced != Protocol::kNccl) {
@@ -87,7 +101,7 @@ struct AllReduceMHC::Impl {
                   "protocol: expected kAuto, kOneShot, kTwoShot or kNccl, got the value " +
                       std::to_string(static_cast<int>(forced)));
     }
-    if (comm->tp == 1) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
+    if (comm->tp == 1 && !self_mailbox(forced)) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
     if (!comm->reachable) {
       if (forced == Protocol::kOneShot || forced == Protocol::kTwoShot) {
         throw Error(ErrorCode::kUnsupported,
@@ -116,34 +130,42 @@ struct AllReduceMHC::Impl {
     return p;
   }
 
-  // streaming_ctas: this device's resident CTAs of the streaming consumer per variant, then at
-  // TP > 1 their minimum over the ranks (an NCCL all-reduce: construction is collective, and a
-  // rank that fails here leaves its peers in this collective, as in the window registrations).
-  void agree_streaming_grid() {
+  // streaming_ctas: this device's resident CTAs of the streaming consumer per input and variant,
+  // then at TP > 1 their minimum over the ranks (an NCCL all-reduce: construction is collective,
+  // and a rank that fails here leaves its peers in this collective, as in the window
+  // registrations).
+  void agree_streaming_grid(bool polls) {
     const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
-    int local[3] = {0, 0, 0};
+    int local[6] = {0, 0, 0, 0, 0, 0};
     if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream
       for (int v = 0; v < 3; ++v) {
-        local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, static_cast<ConsumerVariant>(v), t.threads);
+        const auto variant = static_cast<ConsumerVariant>(v);
+        local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kDirect, variant, 1, t.threads);
+        if (polls) {  // sized for the one-shot's tp slots (two-shot polls one)
+          local[3 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
+                                                                    comm->tp, t.threads);
+        }
       }
     }
     Communicator::Impl& c = *comm;
-    if (c.tp == 1) {
-      std::copy(local, local + 3, streaming_ctas);
-      return;
+    if (c.tp > 1) {
+      int* words = nullptr;
+      MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
+      cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
+      ncclResult_t nerr = ncclSuccess;
+      if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 6, ncclInt32, ncclMin, c.comm, c.setup_stream);
+      if (err == cudaSuccess && nerr == ncclSuccess) {
+        err = cudaMemcpyAsync(local, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
+      }
+      if (err == cudaSuccess) err = cudaStreamSynchronize(c.setup_stream);
+      cudaFree(words);
+      MHCCL_CUDA(err);
+      MHCCL_NCCL(nerr);
     }
-    int* words = nullptr;
-    MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
-    cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
-    ncclResult_t nerr = ncclSuccess;
-    if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 3, ncclInt32, ncclMin, c.comm, c.setup_stream);
-    if (err == cudaSuccess && nerr == ncclSuccess) {
-      err = cudaMemcpyAsync(streaming_ctas, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
+    for (int v = 0; v < 3; ++v) {
+      streaming_ctas[0][v] = local[v];
+      streaming_ctas[1][v] = local[3 + v];
     }
-    if (err == cudaSuccess) err = cudaStreamSynchronize(c.setup_stream);
-    cudaFree(words);
-    MHCCL_CUDA(err);
-    MHCCL_NCCL(nerr);
   }
 
   void ensure_fallback_rows(cudaStream_t stream) {
@@ -188,7 +210,8 @@ struct AllReduceMHC::Impl {
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                                                 : ConsumerVariant::kPlain;
-    cp.streaming_ctas = streaming_ctas[static_cast<int>(variant)];
+    const int vi = static_cast<int>(variant);
+    cp.streaming_ctas = streaming_ctas[0][vi];
 
     PublishParams pp = {};
     pp.x = finalize ? nullptr : data_of(x);
@@ -211,7 +234,7 @@ struct AllReduceMHC::Impl {
     pp.err = cp.err;
 
     ConsumerInput input = ConsumerInput::kPoll;
-    if (c.tp == 1) {
+    if (c.tp == 1 && !self_mailbox(forced)) {
       if (finalize) {
         input = ConsumerInput::kFinalize;
       } else {
@@ -229,18 +252,21 @@ struct AllReduceMHC::Impl {
       const bool row_fits_one_cta = np <= kernels::max_threads_per_cta(cfg.hc_mult);
       const bool single = row_fits_one_cta && ctas <= kernels::kMaxSingleLaunchCtas &&
                           (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
-      if (single) {
-        cp.publish_first = true;
-        for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
-      } else {
-        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
-        cp.wait_predecessor = false;
-      }
+      for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
       cp.in = ll_mailbox->local();
       cp.nslots = c.tp;
       cp.slot_rows = ll_rows;
       cp.state = &states[0];
       cp.protocol = kernels::kProtoOneShot;
+      cp.streaming_ctas = streaming_ctas[1][vi];
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
+      if (single) {
+        cp.publish_first = true;
+      } else if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
+        cp.publisher_ctas = 0;  // a publish kernel, then a CTA per row
+        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+        cp.wait_predecessor = false;
+      }  // else: the streaming consumer's first CTAs publish (it waits for the call's inputs)
     } else if (proto == Protocol::kTwoShot) {
       pp.dest = PublishDest::kOwner;
       for (int r = 0; r < c.tp; ++r) pp.targets[r] = bt_mailbox->peer(r);
@@ -269,6 +295,7 @@ struct AllReduceMHC::Impl {
       cp.slot_rows = cfg.max_num_tokens;
       cp.state = &states[1];
       cp.protocol = kernels::kProtoTwoShotReduced;
+      cp.streaming_ctas = streaming_ctas[1][vi];
     } else {  // NCCL fallback: all-reduce the BF16 rows, then the same consumer on them
       ensure_fallback_rows(stream);
       const void* src = pp.x;
@@ -310,11 +337,16 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   // Benchmark A/B only: whether the direct consumer streams (set it alike on every rank; the
   // consumer polls nothing, so ranks that differ here still cannot hang).
   if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
+  // Benchmark A/B only: CTAs of the streaming one-shot that publish (call and finalize alike).
+  if (const char* env = std::getenv("MHCCL_STREAM_PUBLISHERS")) {
+    im.publisher_ctas[0] = im.publisher_ctas[1] = std::max(1, std::atoi(env));
+  }
   detail::DeviceGuard guard(c.device);
-  im.agree_streaming_grid();
+  const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
+  im.agree_streaming_grid(mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
-  if (c.tp > 1 && c.reachable) {
+  if (mailboxes) {
     const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));

@@ -1,6 +1,7 @@
 // AllReduceMHC on the GPU, TP=1 and TP=2: every variant and M class against the CPU reference,
 // identical bits on every rank and across protocols, graphs, PDL, alternating M, delays, bad input.
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -199,31 +200,96 @@ TEST_P(AllReduceMHCTest, SingleLaunchEqualsTwoLaunches) {
   comm().check_errors();
 }
 
-// The streaming (persistent, prefetching) direct consumer against the CTA-per-row one: TP=1
-// calls, and at TP=2 the NCCL fallback's consumer; every shape whose row fits one CTA, M across
-// the resident-CTA count, every variant; bits equal and right.
+// The streaming (persistent, prefetching) consumer against the CTA-per-row one: TP=1 calls, and
+// at TP=2 the one-shot (its first CTAs publish), the two-shot and the NCCL fallback's consumer,
+// call and finalize; every shape whose row fits one CTA, M across the resident-CTA count, every
+// variant; bits equal and right. Then the one-shot with a single publishing CTA.
 TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
   MHCCL_REQUIRE_TP(tp());
   struct Shape { int64_t h; int hc; };
+  std::vector<Protocol> protocols = {Protocol::kAuto};
+  if (tp() > 1) protocols = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
   for (const Shape sh : {Shape{5120, 4}, Shape{4096, 8}, Shape{2880, 2}, Shape{512, 4}, Shape{64, 1}}) {
     const int64_t cap = sh.h >= 4096 ? 300 : 600;
+    // One-shot up to capacity for call; two-shot built (its finalize threshold 2), forced below.
     AllReduceMHCConfig streaming = config(sh.h, sh.hc, cap, cap + 1), per_row = streaming;
+    streaming.two_shot_min_finalize_rows = per_row.two_shot_min_finalize_rows = 2;
     streaming.streaming_min_rows = 1;  // every M > 1
     per_row.streaming_min_rows = 0;    // never
     AllReduceMHC a(comm(), streaming), b(comm(), per_row);
     CallBuffers buf(cap, sh.h, sh.hc, 6);
-    const Protocol proto = tp() > 1 ? Protocol::kNccl : Protocol::kAuto;
     uint64_t seed = 70000 + sh.h + sh.hc;
-    for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
-      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
-        if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
-        const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), false);
-        const Outputs x = run(a, buf, p, v, proto, "streaming");
-        const Outputs y = run(b, buf, p, v, proto, "row per CTA");
-        EXPECT_EQ(x.hash(), y.hash()) << "H=" << sh.h << " hc=" << sh.hc << " M=" << m << " " << variant_name(v);
+    for (const Protocol proto : protocols) {
+      for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
+        for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+          if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
+          for (bool fin : {false, true}) {
+            if (fin && (tp() == 1 || (m == 3 && v != Variant::kMxfp8))) continue;  // TP=1 finalize never streams
+            const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), fin);
+            const Outputs x = run(a, buf, p, v, proto, "streaming");
+            const Outputs y = run(b, buf, p, v, proto, "row per CTA");
+            EXPECT_EQ(x.hash(), y.hash()) << "H=" << sh.h << " hc=" << sh.hc << " M=" << m << " "
+                                          << variant_name(v) << (fin ? " finalize " : " call ")
+                                          << protocol_name(proto);
+          }
+        }
       }
     }
   }
+  if (tp() > 1) {  // one publishing CTA for the whole call (the consumers wait on it longest)
+    ::setenv("MHCCL_STREAM_PUBLISHERS", "1", 1);
+    AllReduceMHCConfig cfg = config(5120, 4, 300, 301);
+    cfg.streaming_min_rows = 1;
+    AllReduceMHC one(comm(), cfg);
+    ::unsetenv("MHCCL_STREAM_PUBLISHERS");
+    CallBuffers buf(300, 5120, 4, 6);
+    for (int64_t m : {int64_t{2}, int64_t{300}}) {
+      for (bool fin : {false, true}) {
+        run(one, buf, testing::make_problem(71000 + m + fin, m, 5120, 4, tp(), fin), Variant::kMxfp8,
+            Protocol::kOneShot, "one publisher");
+      }
+    }
+  }
+  comm().check_errors();
+}
+
+// TP=1 with lamport_self_test: the one-shot (single launch, publish + CTA-per-row consumer,
+// the streaming consumer whose first CTAs publish) and the two-shot (publish, owner reduce,
+// both consumers) run through the rank's own mailbox, many calls in a row (generations and
+// resets cycle), and give the bits of the direct path. At TP > 1 the other tests run them.
+TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
+  MHCCL_REQUIRE_TP(tp());
+  if (tp() != 1) GTEST_SKIP() << "TP=1 only (at TP > 1 the protocols run between ranks)";
+  AllReduceMHCConfig base = config(5120, 4, 300, 129);
+  base.lamport_self_test = true;
+  AllReduceMHCConfig streaming = base, per_row = base, two_launches = base;
+  streaming.streaming_min_rows = 1;
+  per_row.streaming_min_rows = 0;
+  two_launches.single_launch_max_rows = 0;
+  AllReduceMHC a(comm(), streaming), b(comm(), per_row), c(comm(), two_launches), direct(comm(), config(5120, 4, 300, 129));
+  EXPECT_GT(a.mailbox_bytes(), 0u);
+  EXPECT_EQ(direct.mailbox_bytes(), 0u);
+  CallBuffers buf(300, 5120, 4, 6);
+  uint64_t seed = 72000;
+  int calls = 0;
+  for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{96}, int64_t{97}, int64_t{128}, int64_t{129}, int64_t{300}}) {
+    for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+      for (bool fin : {false, true}) {
+        const Problem p = testing::make_problem(seed++, m, 5120, 4, 1, fin);
+        const uint64_t want = run(direct, buf, p, v, Protocol::kAuto, "direct").hash();
+        for (AllReduceMHC* op : {&a, &b, &c}) {
+          for (Protocol proto : {Protocol::kOneShot, Protocol::kTwoShot}) {
+            if (proto == Protocol::kOneShot && m > 128) continue;  // above the one-shot mailbox
+            EXPECT_EQ(run(*op, buf, p, v, proto, protocol_name(proto)).hash(), want)
+                << "M=" << m << " " << variant_name(v) << (fin ? " finalize " : " call ") << protocol_name(proto)
+                << (op == &a ? " streaming" : op == &b ? " row per CTA" : " two launches");
+            ++calls;
+          }
+        }
+      }
+    }
+  }
+  std::printf("TP=1: %d calls through the own mailbox, each equal to the direct path\n", calls);
   comm().check_errors();
 }
 

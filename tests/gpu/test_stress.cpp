@@ -124,6 +124,10 @@ TEST_P(Stress, RandomCallsAllVariantsSpecialsGraphsDelaysAndGathers) {
   cfg.residual_only = true;
   cfg.two_shot_min_rows = kTwoShotMin;
   cfg.two_shot_min_finalize_rows = kTwoShotMin;
+  // The streaming consumer from 48 rows (at TP=2 the one-shot from 48 to 99 rows with its
+  // publishing CTAs, two-shot above), the single launch up to 32: every consumer kind runs.
+  cfg.streaming_min_rows = 48;
+  cfg.single_launch_max_rows = 32;
   AllReduceMHC op(comm(), cfg);
   LamportAllGather ag(comm(), kGatherCap);
   std::vector<std::unique_ptr<CallBuffers>> bufs;
