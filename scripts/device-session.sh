@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
-# python, sanitize, profile, bench, ab, sweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+# python, sanitize, profile, bench, ab, sweep, envsweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -128,6 +128,18 @@ if [[ " $stages " == *" sweep "* ]]; then
     MHCCL_CTAS_PER_ROW=$cl timeout 120 "$B/tools/bench/mhccl-bench" --tp 2 1 --ops allreduce --quick --no-check \
       --json "$OUT/sweep-cl$cl.json" > "$OUT/sweep-cl$cl.log" 2>&1
     grep -E "^  call +plain " "$OUT/sweep-cl$cl.log" | awk -v cl=$cl '{print "cl=" cl, $0}' | head -12
+  done
+fi
+if [[ " $stages " == *" envsweep "* ]]; then
+  # Launch-shape experiments of the large-M table (one-shot vs two-shot vs NCCL + consumer):
+  # SWEEP_ENVS holds settings separated by spaces, each a comma list of VAR=value
+  # (e.g. "MHCCL_STREAM_PUBLISHERS=8 MHCCL_STREAM_PUBLISHERS=32,MHCCL_STREAM_REDUCERS=8").
+  for set in ${SWEEP_ENVS:-none}; do
+    stamp "envsweep: $set"
+    envs=(); [[ $set != none ]] && IFS=, read -ra envs <<< "$set"
+    env "${envs[@]}" timeout ${SWEEP_TIMEOUT:-120} "$B/tools/bench/mhccl-bench" --tp 2 --ops twoshot --no-check \
+      --json "$OUT/envsweep-${set//[,=]/_}.json" > "$OUT/envsweep-${set//[,=]/_}.log" 2>&1
+    echo "bench rc=$?"; grep -E "M=(128|256|1024|4096|8192) " "$OUT/envsweep-${set//[,=]/_}.log" | awk -v s="$set" '{print s, $0}'
   done
 fi
 if [[ " $stages " == *" agsweep "* ]]; then

@@ -174,6 +174,37 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   }
 }
 
+// Two-shot owner: owned row j (row j * tp + rank) of this pack summed over the tp sources' slots
+// of `contributions` [gen][source][owned row][np] in rank order, rounded to BF16 and stored into
+// every rank's reduced buffer [gen][reduced_rows][np] (`reduced`: tp bases).
+__device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
+                                                  int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
+                                                  int np, int pack, uint32_t gen, const ErrorSink& err) {
+  const int64_t slot_packs = owner_rows * np;
+  const int64_t row = j * tp + rank;
+  const uint4* slot = static_cast<const uint4*>(contributions) +
+                      (static_cast<int64_t>(gen) * tp * owner_rows + j) * np + pack;
+  uint4 v[kMaxTp];
+#pragma unroll
+  for (int r = 0; r < kMaxTp; ++r) if (r < tp) v[r] = ld_volatile(slot + r * slot_packs);
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < kMaxTp; ++r) {
+    if (r >= tp) continue;
+    wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row});
+    float f[8];
+    unpack_bf16(v[r], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
+  }
+  const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
+  const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
+#pragma unroll
+  for (int i = 0; i < kMaxTp; ++i) {
+    if (i < tp) st_volatile(static_cast<uint4*>(reduced[i]) + off, y);
+  }
+}
+
 // Two-shot: each CTA (group) sums one owned row j (row j * tp + rank) over the tp sources in
 // rank order and stores the BF16 row into every rank's reduced buffer. The grid is ceil(M/tp)
 // rows on every rank (rank-invariant); ranks owning fewer rows leave the last group idle.
@@ -182,32 +213,10 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   if (p.wait_predecessor) pdl_wait();
   const Generation g = read_generation(p.state);  // before the consumer may start (and end the call)
   pdl_launch_dependents();
-  const int64_t np = p.np;
-  const int64_t slot_packs = p.owner_rows * np;
-  const uint4* mailbox = static_cast<const uint4*>(p.mailbox);
   const int64_t row = rp.row * p.tp + p.rank;
   if (!rp.active || row >= p.m) return;
-  const uint4* slot = mailbox + (g.current * p.tp * p.owner_rows + rp.row) * np + rp.pack;
-  uint4 v[kMaxTp];
-#pragma unroll
-  for (int r = 0; r < kMaxTp; ++r) if (r < p.tp) v[r] = ld_volatile(slot + r * slot_packs);
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int r = 0; r < kMaxTp; ++r) {
-    if (r >= p.tp) continue;
-    wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], p.err,
-                         WaitSite{kProtoTwoShotOwner, r, g.current, row});
-    float f[8];
-    unpack_bf16(v[r], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
-  }
-  const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
-  const int64_t off = (static_cast<int64_t>(g.current) * p.reduced_rows + row) * np + rp.pack;
-#pragma unroll
-  for (int i = 0; i < kMaxTp; ++i) {
-    if (i < p.tp) st_volatile(static_cast<uint4*>(p.reduced[i]) + off, y);
-  }
+  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack,
+                    g.current, p.err);
 }
 
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
@@ -445,13 +454,15 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
 // r + gridDim.x, ...
 // IN = kPoll (one-shot and two-shot above the single launch): the inputs are the nslots
 // mailbox slots of the row, copied like the rest; a slot pack that still holds the sentinel
-// once its copy landed goes to the bounded wait. With publisher_ctas > 0 (one-shot) the grid's
-// first publisher_ctas CTAs publish this rank's rows (x, or the finalize reduction) into every
-// rank's mailbox in row order and the others consume, so that the NVLink stores of later rows
-// overlap the epilogue of earlier ones (a publish kernel before a CTA-per-row consumer runs
-// them one after the other: the consumer starts only once every publish CTA has). Deadlock-
-// free: a consuming CTA waits only for peers' publishing CTAs, which wait for nothing, and the
-// grid is the CTAs resident at once (agreed across ranks), so every publishing CTA runs.
+// once its copy landed goes to the bounded wait. With publisher_ctas > 0 the grid's first
+// publisher_ctas CTAs publish this rank's rows (x, or the finalize reduction) in row order:
+// one-shot into every rank's mailbox; two-shot (reducer_ctas > 0) into the owners' mailboxes,
+// and the next reducer_ctas CTAs are this rank's owners (the owner reduce of its rows). The
+// other CTAs consume, so that the NVLink stores of later rows overlap the epilogue of earlier
+// ones (separate kernels run them one after the other: a dependent kernel starts only once
+// every CTA of the one before has). Deadlock-free: consumers wait for peers' owners and
+// publishers, owners for peers' publishers, publishers for nothing; the grid is the CTAs
+// resident at once (agreed across ranks), so every CTA of every role runs.
 // Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
@@ -476,10 +487,27 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   const uint4* slots = in + static_cast<int64_t>(g.current) * p.nslots * slot_packs;  // kPoll
   const int publishers = IN == ConsumerInput::kPoll ? p.publisher_ctas : 0;
 
+  const int reducers = IN == ConsumerInput::kPoll ? p.reducer_ctas : 0;
+  const int role_ctas = publishers + reducers;
+
   if (static_cast<int>(blockIdx.x) < publishers) {
-    // This rank's rows into every rank's slot [gen][rank][row], rows blockIdx.x + k * publishers
-    // (several in flight a thread for x; the finalize reduction has its own 8 loads in flight).
+    // This rank's rows, rows blockIdx.x + k * publishers: one-shot into every rank's slot
+    // [gen][rank][row], two-shot into slot [gen][rank][row / tp] of the owner (rank row % tp).
+    // Several rows in flight a thread for x; the finalize reduction has its own 8 loads in flight.
     const int64_t step = publishers;
+    auto store = [&](int64_t row, uint4 v) {
+      v = publishable<Bf16Lanes>(v);
+      if (reducers == 0) {
+        store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
+      } else {
+        const int owner = static_cast<int>(row % p.tp);
+        void* base = p.targets[0];
+#pragma unroll
+        for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
+        st_volatile(static_cast<uint4*>(base) +
+                        mailbox_offset(g.current, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
+      }
+    };
     if (active && p.x != nullptr) {
       constexpr int kRows = 4;
       const uint4* x = static_cast<const uint4*>(p.x);
@@ -493,23 +521,25 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
 #pragma unroll
         for (int u = 0; u < kRows; ++u) {
           const int64_t row = r0 + u * step;
-          if (row < p.m) {
-            store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
-                           publishable<Bf16Lanes>(v[u]));
-          }
+          if (row < p.m) store(row, v[u]);
         }
       }
     } else if (active) {
-      for (int64_t row = blockIdx.x; row < p.m; row += step) {
-        const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-        store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
-                       publishable<Bf16Lanes>(v));
+      for (int64_t row = blockIdx.x; row < p.m; row += step) store(row, finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0));
+    }
+  } else if (static_cast<int>(blockIdx.x) < role_ctas) {
+    // Two-shot owner: this rank's owned rows j = blockIdx.x - publishers + k * reducers.
+    const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+    if (active) {
+      for (int64_t j = static_cast<int64_t>(blockIdx.x) - publishers; j < owned; j += reducers) {
+        owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack,
+                          g.current, p.err);
       }
     }
   } else {
     uint4 norm = make_uint4(0, 0, 0, 0);
     if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
-    const int64_t step = static_cast<int64_t>(gridDim.x) - publishers;
+    const int64_t step = static_cast<int64_t>(gridDim.x) - role_ctas;
 
     // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
     // it will read itself; the mixes are spread over the CTA).
@@ -533,7 +563,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     };
 
     int stage = 0;
-    int64_t row = static_cast<int64_t>(blockIdx.x) - publishers;
+    int64_t row = static_cast<int64_t>(blockIdx.x) - role_ctas;
     if (row < p.m) prefetch(row, 0);
     for (; row < p.m; row += step, stage ^= 1) {
       // The next row goes into the other stage, whose last readers finished: every thread passed
@@ -700,10 +730,12 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
 
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
   if (input == ConsumerInput::kFinalize || p.tiling.ctas_per_row != 1 || p.streaming_min_rows == 0 ||
-      p.streaming_ctas <= p.publisher_ctas || p.m <= 1 || (input == ConsumerInput::kPoll && p.publish_first)) {
+      p.streaming_ctas <= p.publisher_ctas + p.reducer_ctas || p.m <= 1 ||
+      (input == ConsumerInput::kPoll && p.publish_first)) {
     return false;
   }
-  return p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas - p.publisher_ctas;
+  const int roles = p.publisher_ctas + p.reducer_ctas;
+  return p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas - roles;
 }
 
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
@@ -711,7 +743,7 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
   if (consumer_streams(p, input)) {
     const int threads = p.tiling.threads;
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
-    const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas, p.streaming_ctas);
+    const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
     return launch_ex(streaming_consumer_for(hc, input, variant), p, dim3(static_cast<unsigned>(grid)),
                      dim3(static_cast<unsigned>(threads)), streaming_smem(hc, inputs, threads), stream, pdl);
   }

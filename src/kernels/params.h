@@ -170,9 +170,14 @@ struct ConsumerParams {
   // op's minimum over the ranks, agreed at construction: launch shapes never depend on a
   // per-rank query); 0: it does not run.
   int streaming_ctas;
-  // kPoll one-shot, streaming: the grid's first publisher_ctas CTAs publish this rank's rows (no
-  // publish kernel before it); 0: every CTA consumes.
+  // kPoll, streaming: the grid's first publisher_ctas CTAs publish this rank's rows (no publish
+  // kernel before it; one-shot into `targets`, two-shot into the owners' `targets`, as
+  // PublishParams kOwner), then reducer_ctas CTAs (two-shot only) reduce this rank's owned rows
+  // of `contributions` into every rank's reduced buffer `reduced` (rotated, as
+  // OwnerReduceParams::reduced); 0, 0: every CTA consumes.
   int publisher_ctas;
+  int reducer_ctas;
+  void* reduced[kMaxTp];
 };
 
 struct OwnerReduceParams {

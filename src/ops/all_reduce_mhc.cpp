@@ -43,6 +43,7 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold 
 // leave at the NVLink rate while the other CTAs consume (docs/PERFORMANCE.md).
 constexpr int kDefaultPublisherCtas = 16;
 constexpr int kDefaultFinalizePublisherCtas = 40;
+constexpr int kDefaultReducerCtas = 16;
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
     case 2: return finalize ? kNever : 2048;
@@ -76,6 +77,7 @@ struct AllReduceMHC::Impl {
   // One-shot above the single launch, streaming: CTAs of the consumer's grid that publish this
   // rank's rows (call, finalize). Finalize's publish gathers top_k GEMM2 rows a row from HBM.
   int publisher_ctas[2] = {kDefaultPublisherCtas, kDefaultFinalizePublisherCtas};
+  int reducer_ctas = kDefaultReducerCtas;  // two-shot, streaming: CTAs of the owners' reduce
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
@@ -272,7 +274,6 @@ struct AllReduceMHC::Impl {
       for (int r = 0; r < c.tp; ++r) pp.targets[r] = bt_mailbox->peer(r);
       pp.slot_rows = owner_rows;
       pp.state = &states[1];
-      MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
       kernels::OwnerReduceParams orp = {};
       orp.wait_predecessor = false;  // the publish before it waited for the call's inputs
       orp.mailbox = bt_mailbox->local();
@@ -286,8 +287,6 @@ struct AllReduceMHC::Impl {
       orp.tiling = cp.tiling;
       orp.state = &states[1];
       orp.err = cp.err;
-      MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
-      cp.wait_predecessor = false;
       cp.in = bt_reduced->local();
       cp.contributions = bt_mailbox->local();
       cp.owner_rows = owner_rows;
@@ -296,6 +295,19 @@ struct AllReduceMHC::Impl {
       cp.state = &states[1];
       cp.protocol = kernels::kProtoTwoShotReduced;
       cp.streaming_ctas = streaming_ctas[1][vi];
+      // Streaming: one launch whose first CTAs publish, the next reduce the owned rows, the
+      // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
+      for (int r = 0; r < c.tp; ++r) cp.targets[r] = pp.targets[r];
+      for (int i = 0; i < c.tp; ++i) cp.reduced[i] = orp.reduced[i];
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
+      cp.reducer_ctas = reducer_ctas;
+      if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
+        cp.publisher_ctas = cp.reducer_ctas = 0;
+        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+        MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
+        cp.wait_predecessor = false;
+        // The consumer streams after the owners' reduce where M exceeds its whole grid.
+      }
     } else {  // NCCL fallback: all-reduce the BF16 rows, then the same consumer on them
       ensure_fallback_rows(stream);
       const void* src = pp.x;
@@ -341,6 +353,7 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (const char* env = std::getenv("MHCCL_STREAM_PUBLISHERS")) {
     im.publisher_ctas[0] = im.publisher_ctas[1] = std::max(1, std::atoi(env));
   }
+  if (const char* env = std::getenv("MHCCL_STREAM_REDUCERS")) im.reducer_ctas = std::max(1, std::atoi(env));
   detail::DeviceGuard guard(c.device);
   const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
   im.agree_streaming_grid(mailboxes);
