@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   uint4 head = make_uint4(0, 0, 0, 0);
   if (first < p.packs) head = ld_input(in + first);
   const Generation g = read_generation(p.state);
+  const uint32_t ticket = arrive_early(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   }
   reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap, p.tp, cap,
                          g.prev_rows);
-  arrive_and_advance(p.state, static_cast<uint32_t>(p.packs));
+  advance_if_last(p.state, ticket, static_cast<uint32_t>(p.packs));
 }
 
 __global__ void fill_u32_kernel(uint32_t* ptr, size_t words, uint32_t value) {

@@ -311,8 +311,8 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
 // The end of a polling consumer, the call's last kernel, in every CTA: the previous call's
 // slots reset once this call's outputs are out (peers store into them again only two calls
 // later: docs/PROTOCOL.md), for two-shot also this rank's owned contributions of the previous
-// call; then the generation advance by the grid's last CTA.
-__device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const Generation& g) {
+// call; then the generation advance by the CTA that took the grid's last ticket (arrive_early).
+__device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const Generation& g, uint32_t ticket) {
   const int64_t np = p.np;
   const int64_t slot_packs = p.slot_rows * np;
   reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) + g.previous * p.nslots * slot_packs,
@@ -324,7 +324,7 @@ __device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const 
     reset_slots<Bf16Lanes>(static_cast<uint4*>(p.contributions) + g.previous * p.tp * contrib_packs,
                            p.tp, contrib_packs, owned_prev * np);
   }
-  arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
+  advance_if_last(p.state, ticket, static_cast<uint32_t>(p.m));
 }
 
 template <int HC, ConsumerInput IN, ConsumerVariant V>
@@ -380,6 +380,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
   }
   pdl_launch_dependents();  // after the state read: dependents start the next call
+  uint32_t ticket = 0;
+  if constexpr (IN == ConsumerInput::kPoll) ticket = arrive_early(p.state);
   uint4 direct = make_uint4(0, 0, 0, 0);
   if constexpr (IN == ConsumerInput::kDirect) {
     if (rp.active) direct = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
@@ -425,7 +427,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
 
-  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g);
+  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g, ticket);
 }
 
 // --- Streaming consumer ------------------------------------------------------------------------
@@ -483,6 +485,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   Generation g{0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) g = read_generation(p.state);
   pdl_launch_dependents();  // after the state read: dependents start the next call
+  uint32_t ticket = 0;
+  if constexpr (IN == ConsumerInput::kPoll) ticket = arrive_early(p.state);
   const int64_t slot_packs = p.slot_rows * np;
   const uint4* slots = in + static_cast<int64_t>(g.current) * p.nslots * slot_packs;  // kPoll
   const int publishers = IN == ConsumerInput::kPoll ? p.publisher_ctas : 0;
@@ -600,7 +604,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     }
   }
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
-  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g);
+  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g, ticket);
 }
 
 // --- Dispatch -------------------------------------------------------------------------------

@@ -159,16 +159,24 @@ __device__ __forceinline__ Generation read_generation(const LamportState* s) {
   return g;
 }
 
-// Called by every CTA of a call's last kernel once all its threads have read and used the
-// state: the last CTA to arrive advances the generation and records this call's rows. No memory
-// fence: every thread consumed its state values before the barrier, the next call's kernels see
-// the new state through kernel completion, and a fence here would wait for this thread's
-// in-flight NVLink stores (a remote round trip on every call).
-__device__ __forceinline__ void arrive_and_advance(LamportState* s, uint32_t rows) {
+// The generation advance, in two halves so that its atomic round trip is off the kernel's tail.
+// arrive_early: called by every thread of every CTA of a call's last kernel once each has read
+// the state into registers (a CTA barrier makes that so for the whole CTA); thread 0 takes a
+// ticket. advance_if_last: at the end, the CTA holding the last ticket advances the generation
+// and records this call's rows. Safe this early: a ticket is taken only after the CTA read the
+// state, so the last ticket means every CTA of the grid has read it; nothing later in this call
+// reads it (the call's earlier kernels read it before they let this one launch), and the next
+// call's first kernel reads it only after griddepcontrol.wait, i.e. after this grid completed.
+// No memory fence: the next call's kernels see the new state through kernel completion, and a
+// fence would wait for this thread's in-flight NVLink stores (a remote round trip a call).
+__device__ __forceinline__ uint32_t arrive_early(LamportState* s) {
   __syncthreads();
+  return threadIdx.x == 0 ? atomicAdd(&s->arrived, 1u) : 0u;
+}
+__device__ __forceinline__ void advance_if_last(LamportState* s, uint32_t ticket, uint32_t rows) {
   if (threadIdx.x != 0) return;
   const uint32_t total = gridDim.x * gridDim.y * gridDim.z;
-  if (atomicAdd(&s->arrived, 1u) == total - 1) {
+  if (ticket == total - 1) {
     s->arrived = 0;
     s->generation = (s->generation + 1) % kGenerations;
     s->prev_rows = rows;

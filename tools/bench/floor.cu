@@ -28,10 +28,10 @@ struct FloorParams {
 __global__ void floor_publish(const FloorParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();
+  const uint32_t gen = p.state->generation;  // before the poll kernel may start (and advance it)
   pdl_launch_dependents();
   if (!rp.active) return;
   const uint4 v = publishable<Bf16Lanes>(ld_input(p.x + rp.row * p.np + rp.pack));
-  const uint32_t gen = p.state->generation;
   store_to_ranks(p.mailboxes, p.tp, mailbox_offset(gen, p.tp, p.rank, p.capacity, rp.row, p.np, rp.pack), v);
 }
 
@@ -46,6 +46,7 @@ __global__ void floor_poll(const FloorParams p) {
     const uint4 v = publishable<Bf16Lanes>(mine);
     store_to_ranks(p.mailboxes, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.capacity, rp.row, p.np, rp.pack), v);
   }
+  const uint32_t ticket = arrive_early(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t slot = p.capacity * p.np;
   if (rp.active) {
@@ -61,7 +62,7 @@ __global__ void floor_poll(const FloorParams p) {
     p.y[rp.row * p.np + rp.pack] = pack_bf16(acc);
   }
   reset_slots<Bf16Lanes>(local + int64_t(g.previous) * p.tp * slot, p.tp, slot, int64_t(g.prev_rows) * p.np);
-  arrive_and_advance(p.state, static_cast<uint32_t>(p.m));
+  advance_if_last(p.state, ticket, static_cast<uint32_t>(p.m));
 }
 
 __global__ void store_to_peer(const uint4* src, uint4* dst, size_t n) {
