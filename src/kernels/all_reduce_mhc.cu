@@ -445,30 +445,66 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
-// The consumer at large M, rows of one CTA: a grid of the CTAs resident at once, each looping
-// over rows and copying the next row's inputs, residual streams and mixes into shared memory
-// with cp.async while it computes the current one. A CTA per row (one resident per SM at 640
-// threads and 96 registers) alternates between loading and computing; here an SM loads the
-// next row during the current row's arithmetic, reductions and stores. Same arithmetic as
-// mhc_consumer_kernel, same bits.
-//
-// IN = kDirect (TP=1 call, the NCCL fallback's reduced rows): every CTA consumes, rows r,
-// r + gridDim.x, ...
-// IN = kPoll (one-shot and two-shot above the single launch): the inputs are the nslots
-// mailbox slots of the row, copied like the rest; a slot pack that still holds the sentinel
-// once its copy landed goes to the bounded wait. With publisher_ctas > 0 the grid's first
-// publisher_ctas CTAs publish this rank's rows (x, or the finalize reduction) in row order:
-// one-shot into every rank's mailbox; two-shot (reducer_ctas > 0) into the owners' mailboxes,
-// and the next reducer_ctas CTAs are this rank's owners (the owner reduce of its rows). The
-// other CTAs consume, so that the NVLink stores of later rows overlap the epilogue of earlier
-// ones (separate kernels run them one after the other: a dependent kernel starts only once
-// every CTA of the one before has). Deadlock-free: consumers wait for peers' owners and
-// publishers, owners for peers' publishers, publishers for nothing; the grid is the CTAs
-// resident at once (agreed across ranks), so every CTA of every role runs.
-// Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
+// Publishing CTA `index` of `count` of a streaming Lamport call: this rank's rows index + k *
+// count, one-shot into every rank's slot [gen][rank][row], two-shot (contributions given) into
+// slot [gen][rank][row / tp] of the owner (rank row % tp). Several rows in flight a thread for
+// x; the finalize reduction has its own 8 loads in flight.
+__device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
+  const int64_t np = p.np;
+  const int pack = static_cast<int>(threadIdx.x);
+  if (pack >= np) return;
+  const bool two_shot = p.contributions != nullptr;
+  auto store = [&](int64_t row, uint4 v) {
+    v = publishable<Bf16Lanes>(v);
+    if (!two_shot) {
+      store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
+    } else {
+      const int owner = static_cast<int>(row % p.tp);
+      void* base = p.targets[0];
+#pragma unroll
+      for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
+      st_volatile(static_cast<uint4*>(base) + mailbox_offset(gen, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
+    }
+  };
+  if (p.x != nullptr) {
+    constexpr int kRows = 4;
+    const uint4* x = static_cast<const uint4*>(p.x);
+    for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
+      uint4 v[kRows];
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const int64_t row = r0 + u * count;
+        if (row < p.m) v[u] = ld_input(x + row * np + pack);
+      }
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const int64_t row = r0 + u * count;
+        if (row < p.m) store(row, v[u]);
+      }
+    }
+  } else {
+    for (int64_t row = index; row < p.m; row += count) store(row, finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0));
+  }
+}
+
+// Owner CTA `index` of `count` of a streaming two-shot call: this rank's owned rows j = index +
+// k * count (row j * tp + rank) into every rank's reduced buffer (slot_rows rows a generation).
+__device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
+  const int pack = static_cast<int>(threadIdx.x);
+  if (pack >= p.np) return;
+  const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+  for (int64_t j = index; j < owned; j += count) {
+    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, gen, p.err);
+  }
+}
+
+// The consuming part of the streaming consumer: rows first, first + step, ... of one CTA each,
+// the next row's inputs, residual streams and mixes copied into shared memory (cp.async) while
+// the current one is computed. IN = kDirect: the input is x or the reduced rows; kPoll: the
+// nslots mailbox slots of generation `gen` (a pack still holding a sentinel lane once its copy
+// landed goes to the bounded wait).
 template <int HC, ConsumerInput IN, ConsumerVariant V>
-__global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
-  static_assert(IN == ConsumerInput::kDirect || IN == ConsumerInput::kPoll, "no streaming finalize at TP=1");
+__device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t gen, int64_t first, int64_t step) {
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   extern __shared__ uint4 stage_packs[];    // [2][HC + inputs][blockDim.x]: residual streams, then inputs
   __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
@@ -481,130 +517,116 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   const int stage_stride = (HC + inputs) * threads;
   const uint4* residual = static_cast<const uint4*>(p.residual);
   const uint4* in = static_cast<const uint4*>(p.in);
-  if (p.wait_predecessor) pdl_wait();
-  Generation g{0, 0, 0};
-  if constexpr (IN == ConsumerInput::kPoll) g = read_generation(p.state);
-  pdl_launch_dependents();  // after the state read: dependents start the next call
-  uint32_t ticket = 0;
-  if constexpr (IN == ConsumerInput::kPoll) ticket = arrive_early(p.state);
   const int64_t slot_packs = p.slot_rows * np;
-  const uint4* slots = in + static_cast<int64_t>(g.current) * p.nslots * slot_packs;  // kPoll
-  const int publishers = IN == ConsumerInput::kPoll ? p.publisher_ctas : 0;
+  const uint4* slots = in + static_cast<int64_t>(gen) * p.nslots * slot_packs;  // kPoll
+  uint4 norm = make_uint4(0, 0, 0, 0);
+  if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
 
-  const int reducers = IN == ConsumerInput::kPoll ? p.reducer_ctas : 0;
-  const int role_ctas = publishers + reducers;
-
-  if (static_cast<int>(blockIdx.x) < publishers) {
-    // This rank's rows, rows blockIdx.x + k * publishers: one-shot into every rank's slot
-    // [gen][rank][row], two-shot into slot [gen][rank][row / tp] of the owner (rank row % tp).
-    // Several rows in flight a thread for x; the finalize reduction has its own 8 loads in flight.
-    const int64_t step = publishers;
-    auto store = [&](int64_t row, uint4 v) {
-      v = publishable<Bf16Lanes>(v);
-      if (reducers == 0) {
-        store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
-      } else {
-        const int owner = static_cast<int>(row % p.tp);
-        void* base = p.targets[0];
-#pragma unroll
-        for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
-        st_volatile(static_cast<uint4*>(base) +
-                        mailbox_offset(g.current, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
-      }
-    };
-    if (active && p.x != nullptr) {
-      constexpr int kRows = 4;
-      const uint4* x = static_cast<const uint4*>(p.x);
-      for (int64_t r0 = blockIdx.x; r0 < p.m; r0 += kRows * step) {
-        uint4 v[kRows];
-#pragma unroll
-        for (int u = 0; u < kRows; ++u) {
-          const int64_t row = r0 + u * step;
-          if (row < p.m) v[u] = ld_input(x + row * np + pack);
-        }
-#pragma unroll
-        for (int u = 0; u < kRows; ++u) {
-          const int64_t row = r0 + u * step;
-          if (row < p.m) store(row, v[u]);
-        }
-      }
-    } else if (active) {
-      for (int64_t row = blockIdx.x; row < p.m; row += step) store(row, finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0));
-    }
-  } else if (static_cast<int>(blockIdx.x) < role_ctas) {
-    // Two-shot owner: this rank's owned rows j = blockIdx.x - publishers + k * reducers.
-    const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+  // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
+  // it will read itself; the mixes are spread over the CTA).
+  auto prefetch = [&](int64_t row, int stage) {
+    uint4* st = stage_packs + stage * stage_stride;
     if (active) {
-      for (int64_t j = static_cast<int64_t>(blockIdx.x) - publishers; j < owned; j += reducers) {
-        owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack,
-                          g.current, p.err);
+#pragma unroll
+      for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
+      if constexpr (IN == ConsumerInput::kPoll) {
+        for (int r = 0; r < inputs; ++r) cp_async16(st + (HC + r) * threads + pack, slots + r * slot_packs + row * np + pack);
+      } else {
+        cp_async16(st + HC * threads + pack, in + row * np + pack);
       }
     }
-  } else {
-    uint4 norm = make_uint4(0, 0, 0, 0);
-    if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
-    const int64_t step = static_cast<int64_t>(gridDim.x) - role_ctas;
+    for (int i = pack; i < kMixes; i += threads) {
+      if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
+      else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
+      else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
+    }
+    cp_async_commit();
+  };
 
-    // Copies row `row` into `stage` and commits them as one group (each thread copies the packs
-    // it will read itself; the mixes are spread over the CTA).
-    auto prefetch = [&](int64_t row, int stage) {
-      uint4* st = stage_packs + stage * stage_stride;
-      if (active) {
+  int stage = 0;
+  int64_t row = first;
+  if (row < p.m) prefetch(row, 0);
+  for (; row < p.m; row += step, stage ^= 1) {
+    // The next row goes into the other stage, whose last readers finished: every thread passed
+    // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
+    // its last read of that stage's mixes, and reads only the packs it copied itself.
+    const int64_t next = row + step;
+    if (next < p.m) prefetch(next, stage ^ 1);
+    else cp_async_commit();  // an empty group: "all but the newest" stays this row's
+    cp_async_wait_all_but_newest();
+    __syncthreads();  // the mixes other threads copied are visible
+    const uint4* st = stage_packs + stage * stage_stride;
+    uint4 res[HC];
+    // y: the row's reduced pack, FP32 sum from +0.0 in slot (rank) order, rounded to BF16.
+    float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (active) {
 #pragma unroll
-        for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
+      for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+      for (int r = 0; r < inputs; ++r) {
+        uint4 v = st[(HC + r) * threads + pack];
         if constexpr (IN == ConsumerInput::kPoll) {
-          for (int r = 0; r < inputs; ++r) cp_async16(st + (HC + r) * threads + pack, slots + r * slot_packs + row * np + pack);
-        } else {
-          cp_async16(st + HC * threads + pack, in + row * np + pack);
+          const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
+          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, p.err, WaitSite{p.protocol, peer, gen, row});
         }
-      }
-      for (int i = pack; i < kMixes; i += threads) {
-        if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
-        else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
-        else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
-      }
-      cp_async_commit();
-    };
-
-    int stage = 0;
-    int64_t row = static_cast<int64_t>(blockIdx.x) - role_ctas;
-    if (row < p.m) prefetch(row, 0);
-    for (; row < p.m; row += step, stage ^= 1) {
-      // The next row goes into the other stage, whose last readers finished: every thread passed
-      // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
-      // its last read of that stage's mixes, and reads only the packs it copied itself.
-      const int64_t next = row + step;
-      if (next < p.m) prefetch(next, stage ^ 1);
-      else cp_async_commit();  // an empty group: "all but the newest" stays this row's
-      cp_async_wait_all_but_newest();
-      __syncthreads();  // the mixes other threads copied are visible
-      const uint4* st = stage_packs + stage * stage_stride;
-      uint4 res[HC];
-      // y: the row's reduced pack, FP32 sum from +0.0 in slot (rank) order, rounded to BF16.
-      float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (active) {
+        float f[8];
+        unpack_bf16(v, f);
 #pragma unroll
-        for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
-        for (int r = 0; r < inputs; ++r) {
-          uint4 v = st[(HC + r) * threads + pack];
-          if constexpr (IN == ConsumerInput::kPoll) {
-            const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-            wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, p.err,
-                                 WaitSite{p.protocol, peer, g.current, row});
-          }
-          float f[8];
-          unpack_bf16(v, f);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);  // -0.0 -> +0.0, as the protocols
-        }
-        unpack_bf16(pack_bf16(y), y);
+        for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);  // -0.0 -> +0.0, as the protocols
       }
-      epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
-      if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
+      unpack_bf16(pack_bf16(y), y);
     }
+    epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
+    if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
   }
-  if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
-  if constexpr (IN == ConsumerInput::kPoll) end_polling_call(p, g, ticket);
+}
+
+// The consumer at large M, rows of one CTA: a grid of the CTAs resident at once, each looping
+// over rows and copying the next row's inputs, residual streams and mixes into shared memory
+// with cp.async while it computes the current one (consume_rows). A CTA per row (one resident
+// per SM at 640 threads and 96 registers) alternates between loading and computing; here an SM
+// loads the next row during the current row's arithmetic, reductions and stores. Same
+// arithmetic as mhc_consumer_kernel, same bits.
+//
+// IN = kDirect (TP=1 call, the NCCL fallback's reduced rows): every CTA consumes, rows r,
+// r + gridDim.x, ...
+// IN = kPoll (one-shot above the single launch, two-shot): one launch for the whole call. Each
+// CTA takes a ticket on arrival (the generation advance's, arrive_early); the first
+// publisher_ctas tickets publish this rank's rows in row order (one-shot: into every rank's
+// mailbox; two-shot: into the owners'), the next reducer_ctas (two-shot) reduce this rank's
+// owned rows into every rank's reduced buffer, the others consume. The NVLink stores of later
+// rows overlap the epilogue of earlier ones (separate kernels run them one after the other: a
+// dependent kernel starts only once every CTA of the one before has). Deadlock-free whatever
+// part of the grid is resident and in whatever order CTAs start: roles go by arrival, so every
+// publisher and owner is a running CTA before any consumer exists; publishers wait for nothing,
+// owners for publishers (of every rank), consumers for publishers and owners.
+// Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
+template <int HC, ConsumerInput IN, ConsumerVariant V>
+__global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
+  static_assert(IN == ConsumerInput::kDirect || IN == ConsumerInput::kPoll, "no streaming finalize at TP=1");
+  if (p.wait_predecessor) pdl_wait();
+  if constexpr (IN == ConsumerInput::kPoll) {
+    __shared__ uint32_t role_ticket;
+    const Generation g = read_generation(p.state);
+    pdl_launch_dependents();  // after the state read: dependents start the next call
+    const uint32_t t = arrive_early(p.state);
+    if (threadIdx.x == 0) role_ticket = t;
+    __syncthreads();
+    const uint32_t ticket = role_ticket;
+    const int64_t publishers = p.publisher_ctas, roles = publishers + p.reducer_ctas;
+    if (ticket < publishers) {
+      publish_rows(p, g.current, ticket, publishers);
+    } else if (ticket < roles) {
+      reduce_owned_rows(p, g.current, ticket - publishers, roles - publishers);
+    } else {
+      consume_rows<HC, IN, V>(p, g.current, ticket - roles, static_cast<int64_t>(gridDim.x) - roles);
+    }
+    if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
+    end_polling_call(p, g, ticket);
+  } else {
+    pdl_launch_dependents();
+    consume_rows<HC, IN, V>(p, 0, blockIdx.x, gridDim.x);
+    if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
+  }
 }
 
 // --- Dispatch -------------------------------------------------------------------------------

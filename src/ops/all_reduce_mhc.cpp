@@ -39,8 +39,9 @@ using kernels::PublishParams;
 // TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
 // (TP=4) or a quarter (TP=8) of the bytes.
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold never reached
-// CTAs that publish in the streaming one-shot (call, finalize): enough that this rank's rows
-// leave at the NVLink rate while the other CTAs consume (docs/PERFORMANCE.md).
+// CTAs that publish in a streaming Lamport call (call, finalize; one-shot and two-shot), and
+// two-shot's owner CTAs: enough that this rank's rows leave at the NVLink rate while the other
+// CTAs consume (docs/PERFORMANCE.md).
 constexpr int kDefaultPublisherCtas = 16;
 constexpr int kDefaultFinalizePublisherCtas = 40;
 constexpr int kDefaultReducerCtas = 16;
@@ -70,14 +71,15 @@ struct AllReduceMHC::Impl {
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
-  // Grid of the streaming consumer per input (direct; polling) and variant (plain, mxfp8,
-  // residual_only): the minimum over the ranks of its CTAs resident at once, agreed at
-  // construction; 0: it does not run.
-  int streaming_ctas[2][3] = {{0, 0, 0}, {0, 0, 0}};
-  // One-shot above the single launch, streaming: CTAs of the consumer's grid that publish this
-  // rank's rows (call, finalize). Finalize's publish gathers top_k GEMM2 rows a row from HBM.
+  // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows) and
+  // variant (plain, mxfp8, residual_only): the minimum over the ranks of its CTAs resident at
+  // once, agreed at construction; 0: it does not run.
+  int streaming_ctas[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  // Streaming Lamport calls (one-shot above the single launch, two-shot): CTAs of the grid that
+  // publish this rank's rows (call, finalize: finalize's publish gathers top_k GEMM2 rows a row
+  // from HBM), and two-shot's CTAs of the owners' reduce.
   int publisher_ctas[2] = {kDefaultPublisherCtas, kDefaultFinalizePublisherCtas};
-  int reducer_ctas = kDefaultReducerCtas;  // two-shot, streaming: CTAs of the owners' reduce
+  int reducer_ctas = kDefaultReducerCtas;
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
@@ -138,14 +140,16 @@ struct AllReduceMHC::Impl {
   // registrations).
   void agree_streaming_grid(bool polls) {
     const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
-    int local[6] = {0, 0, 0, 0, 0, 0};
+    int local[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream
       for (int v = 0; v < 3; ++v) {
         const auto variant = static_cast<ConsumerVariant>(v);
         local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kDirect, variant, 1, t.threads);
-        if (polls) {  // sized for the one-shot's tp slots (two-shot polls one)
+        if (polls) {  // one-shot reads tp slots a row, two-shot one reduced row
           local[3 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
                                                                     comm->tp, t.threads);
+          local[6 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant, 1,
+                                                                    t.threads);
         }
       }
     }
@@ -155,7 +159,7 @@ struct AllReduceMHC::Impl {
       MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
       cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
       ncclResult_t nerr = ncclSuccess;
-      if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 6, ncclInt32, ncclMin, c.comm, c.setup_stream);
+      if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 9, ncclInt32, ncclMin, c.comm, c.setup_stream);
       if (err == cudaSuccess && nerr == ncclSuccess) {
         err = cudaMemcpyAsync(local, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
       }
@@ -164,9 +168,8 @@ struct AllReduceMHC::Impl {
       MHCCL_CUDA(err);
       MHCCL_NCCL(nerr);
     }
-    for (int v = 0; v < 3; ++v) {
-      streaming_ctas[0][v] = local[v];
-      streaming_ctas[1][v] = local[3 + v];
+    for (int i = 0; i < 3; ++i) {
+      for (int v = 0; v < 3; ++v) streaming_ctas[i][v] = local[3 * i + v];
     }
   }
 
@@ -294,7 +297,7 @@ struct AllReduceMHC::Impl {
       cp.slot_rows = cfg.max_num_tokens;
       cp.state = &states[1];
       cp.protocol = kernels::kProtoTwoShotReduced;
-      cp.streaming_ctas = streaming_ctas[1][vi];
+      cp.streaming_ctas = streaming_ctas[2][vi];
       // Streaming: one launch whose first CTAs publish, the next reduce the owned rows, the
       // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
       for (int r = 0; r < c.tp; ++r) cp.targets[r] = pp.targets[r];
@@ -346,8 +349,9 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
   im.np = static_cast<int>(cfg.hidden_size / 8);
   if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
-  // Benchmark A/B only: whether the direct consumer streams (set it alike on every rank; the
-  // consumer polls nothing, so ranks that differ here still cannot hang).
+  // Benchmark A/B only, set alike on every rank: whether the consumers stream, and the role CTAs
+  // of a streaming Lamport call. Ranks that differ here still cannot hang (a rank waits only for
+  // its peers' data, never for a launch shape), but the launch shapes are then rank-dependent.
   if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
   // Benchmark A/B only: CTAs of the streaming one-shot that publish (call and finalize alike).
   if (const char* env = std::getenv("MHCCL_STREAM_PUBLISHERS")) {
