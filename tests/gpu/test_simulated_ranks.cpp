@@ -1,0 +1,246 @@
+// TP = 2, 4 and 8 simulated on one GPU, at the kernel level: R "ranks", each with its own
+// mailboxes, generation state, call buffers and stream, run the AllReduceMHC kernels against one
+// another, and every rank's outputs are checked against the CPU reference and compared across
+// ranks. What it checks that TP=1 cannot: the rank-dependent arithmetic of the protocols (slot
+// order, rotated targets, owners and owned rows, the owners' reduce, the resets of each rank's
+// slots) at every tp the library supports, before a machine with that many GPUs is lent. What it
+// cannot: NVLink (every "peer" is memory of the one device) and timing.
+//
+// The paths, for one-shot and two-shot, call and finalize, every variant:
+//  - phased: the publish kernels of every rank, then (two-shot) the owners' reduce, then the
+//    CTA-per-row consumers, a device synchronization between phases;
+//  - streaming: one launch per rank, the roles by arrival (publishers, owners, consumers), all
+//    ranks' grids at once (each 1/R of the device's resident CTAs, so all fit together);
+//  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once).
+// The host-side choice between them (src/ops/all_reduce_mhc.cpp) runs in the other tests.
+#include <memory>
+#include <vector>
+
+#include "common/mhc_harness.h"
+#include "gpu_env.h"
+#include "kernels/launch.h"
+#include "kernels/params.h"
+
+namespace mhccl::gputest {
+namespace {
+
+using namespace kernels;
+using testing::CallBuffers;
+using testing::DeviceBuffer;
+using testing::Outputs;
+using testing::Problem;
+using testing::Variant;
+
+enum class Path { kPhased, kStreaming, kSingleLaunch };
+const char* path_name(Path p) {
+  return p == Path::kPhased ? "phased" : p == Path::kStreaming ? "streaming" : "single launch";
+}
+
+struct SimRank {
+  SimRank(int64_t cap, int64_t h, int hc, int tp)
+      : buf(cap, h, hc, 6),
+        ll(static_cast<size_t>(kGenerations * tp * cap * h * 2)),
+        bt(static_cast<size_t>(kGenerations * tp * ((cap + tp - 1) / tp) * h * 2)),
+        red(static_cast<size_t>(kGenerations * cap * h * 2)),
+        states(2 * sizeof(LamportState)) {
+    for (const DeviceBuffer* b : {&ll, &bt, &red}) {
+      MHCCL_TEST_CUDA(launch_fill_u32(b->get(), b->bytes() / 4, kBf16SentinelPair, nullptr));
+    }
+    MHCCL_TEST_CUDA(cudaMemset(states.get(), 0, states.bytes()));
+    MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~SimRank() { cudaStreamDestroy(stream); }
+  CallBuffers buf;
+  DeviceBuffer ll, bt, red, states;
+  cudaStream_t stream = nullptr;
+};
+
+class SimulatedRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  constexpr int64_t kH = 5120, kCap = 300;
+  constexpr int kHc = 4;
+  const int np = static_cast<int>(kH / 8);
+  const int64_t owner_rows = (kCap + tp - 1) / tp;
+  std::vector<std::unique_ptr<SimRank>> ranks;
+  for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(kCap, kH, kHc, tp));
+  // One error sink for all: a timeout (10 s) fails the test instead of hanging it.
+  DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
+  MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
+  MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+  ErrorSink err{};
+  err.records = records.as<ErrorRecord>();
+  err.claims = words.as<uint32_t>();
+  err.abort_flag = words.as<uint32_t>() + 2;
+  err.timeout_ns = 10'000'000'000ull;
+  err.op = kOpAllReduceCall;
+  // The streaming grid: this device's resident CTAs of the kernel, shared by the R ranks.
+  const RowTiling big = row_tiling(np, kMaxSingleLaunchCtas + 1, kHc);
+  const int publishers = tp >= 8 ? 4 : 8, reducers = tp >= 8 ? 4 : 8;
+
+  uint64_t seed = 90000 + 100 * tp;
+  int checked = 0;
+  for (const bool two_shot : {false, true}) {
+    for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{150}, kCap}) {
+      for (const bool fin : {false, true}) {
+        const Variant v = static_cast<Variant>(seed % 3);
+        const ConsumerVariant cv = v == Variant::kPlain ? ConsumerVariant::kPlain
+                                   : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
+                                                          : ConsumerVariant::kResidualOnly;
+        const Problem p = testing::make_problem(seed++, m, kH, kHc, tp, fin);
+        const int resident = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, cv, two_shot ? 1 : tp, big.threads);
+        ASSERT_GT(resident, 0);
+        std::vector<Path> paths = {Path::kPhased, Path::kStreaming};
+        if (!two_shot && m <= 3) paths.push_back(Path::kSingleLaunch);
+        uint64_t first_hash = 0;
+        for (const Path path : paths) {
+          std::vector<PublishParams> pps(tp);
+          std::vector<OwnerReduceParams> orps(tp);
+          std::vector<ConsumerParams> cps(tp);
+          for (int r = 0; r < tp; ++r) {
+            SimRank& k = *ranks[r];
+            testing::upload(p, r, k.buf);
+            CallBuffers& b = k.buf;
+            PublishParams& pp = pps[r];
+            OwnerReduceParams& orp = orps[r];
+            ConsumerParams& cp = cps[r];
+            pp = {};
+            orp = {};
+            cp = {};
+            cp.residual = b.residual;
+            cp.post = reinterpret_cast<const float*>(b.post);
+            cp.comb = reinterpret_cast<const float*>(b.comb);
+            cp.pre = v == Variant::kResidualOnly ? nullptr : reinterpret_cast<const float*>(b.pre);
+            cp.norm_weight = v == Variant::kResidualOnly ? nullptr : b.norm;
+            cp.eps = p.eps;
+            cp.residual_out = b.res_out;
+            cp.layer_input = v == Variant::kResidualOnly ? nullptr : b.layer;
+            cp.mxfp8_values = v == Variant::kMxfp8 ? b.values : nullptr;
+            cp.mxfp8_scales = v == Variant::kMxfp8 ? reinterpret_cast<uint8_t*>(b.scales) : nullptr;
+            cp.m = m;
+            cp.np = np;
+            cp.tiling = row_tiling(np, m, kHc);
+            cp.err = err;
+            cp.tp = tp;
+            cp.rank = r;
+            cp.wait_predecessor = true;
+            pp.x = fin ? nullptr : b.x;
+            if (fin) {
+              pp.fin.gemm2 = b.gemm2;
+              pp.fin.gemm2_rows = p.gemm2_rows;
+              pp.fin.weights = reinterpret_cast<const float*>(b.weights);
+              pp.fin.routes = reinterpret_cast<const int32_t*>(b.routes);
+              pp.fin.shared = b.shared;
+              pp.fin.top_k = p.top_k;
+            }
+            cp.x = pp.x;
+            cp.fin = pp.fin;
+            pp.m = m;
+            pp.np = np;
+            pp.tiling = cp.tiling;
+            pp.tp = tp;
+            pp.rank = r;
+            pp.err = err;
+            LamportState* states = k.states.as<LamportState>();
+            if (!two_shot) {
+              pp.dest = PublishDest::kAllRanks;
+              for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[(r + 1 + i) % tp]->ll.get();
+              pp.slot_rows = kCap;
+              pp.state = &states[0];
+              for (int i = 0; i < tp; ++i) cp.targets[i] = pp.targets[i];
+              cp.in = k.ll.get();
+              cp.nslots = tp;
+              cp.slot_rows = kCap;
+              cp.state = &states[0];
+              cp.protocol = kProtoOneShot;
+            } else {
+              pp.dest = PublishDest::kOwner;
+              for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[i]->bt.get();
+              pp.slot_rows = owner_rows;
+              pp.state = &states[1];
+              orp.mailbox = k.bt.get();
+              for (int i = 0; i < tp; ++i) orp.reduced[i] = ranks[(r + 1 + i) % tp]->red.get();
+              orp.tp = tp;
+              orp.rank = r;
+              orp.owner_rows = owner_rows;
+              orp.reduced_rows = kCap;
+              orp.m = m;
+              orp.np = np;
+              orp.tiling = cp.tiling;
+              orp.state = &states[1];
+              orp.err = err;
+              cp.in = k.red.get();
+              cp.contributions = k.bt.get();
+              cp.owner_rows = owner_rows;
+              cp.nslots = 1;
+              cp.slot_rows = kCap;
+              cp.state = &states[1];
+              cp.protocol = kProtoTwoShotReduced;
+              for (int i = 0; i < tp; ++i) {
+                cp.targets[i] = pp.targets[i];
+                cp.reduced[i] = orp.reduced[i];
+              }
+            }
+            if (path == Path::kStreaming) {
+              cp.tiling = big;  // a row on one CTA (what the host streams; small M never does)
+              cp.streaming_min_rows = 1;
+              cp.streaming_ctas = resident / tp;
+              cp.publisher_ctas = publishers;
+              cp.reducer_ctas = two_shot ? reducers : 0;
+              ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << "tp=" << tp << " M=" << m;
+            } else if (path == Path::kSingleLaunch) {
+              cp.publish_first = true;
+            }
+          }
+          MHCCL_TEST_CUDA(cudaDeviceSynchronize());  // the uploads (legacy stream) before any launch
+          auto each = [&](auto&& launch) {
+            for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch(r));
+            MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+          };
+          if (path == Path::kPhased) {
+            each([&](int r) { return launch_publish(pps[r], ranks[r]->stream, false); });
+            if (two_shot) each([&](int r) { return launch_owner_reduce(orps[r], ranks[r]->stream, false); });
+            for (ConsumerParams& cp : cps) {
+              cp.streaming_min_rows = 0;
+              cp.wait_predecessor = false;
+            }
+          }
+          each([&](int r) { return launch_consumer(cps[r], kHc, ConsumerInput::kPoll, cv, ranks[r]->stream, true); });
+          ErrorRecord rec[2];
+          MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(rec[kTimeoutRecord].ready, 0u)
+              << "a wait expired: tp=" << tp << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
+              << " M=" << m << ": peer " << rec[kTimeoutRecord].peer << " row " << rec[kTimeoutRecord].row;
+          for (int r = 0; r < tp; ++r) {
+            const Outputs got = testing::download(p, v, ranks[r]->buf);
+            EXPECT_EQ(testing::check(p, v, got), "")
+                << "tp=" << tp << " rank " << r << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
+                << (fin ? " finalize" : " call") << " M=" << m << " " << testing::variant_name(v);
+            if (r == 0 && path == paths.front()) first_hash = got.hash();
+            EXPECT_EQ(got.hash(), first_hash) << "tp=" << tp << " rank " << r << " " << path_name(path) << " M=" << m;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  // Every call advanced each rank's state of its protocol once, and left its ticket counter at 0.
+  for (int r = 0; r < tp; ++r) {
+    LamportState st[2];
+    MHCCL_TEST_CUDA(cudaMemcpy(st, ranks[r]->states.get(), sizeof(st), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(st[0].calls, 8u * 2 + 4u) << "rank " << r << " one-shot calls";  // 8 problems x 2 paths + 4 single launches
+    EXPECT_EQ(st[1].calls, 8u * 2) << "rank " << r << " two-shot calls";
+    EXPECT_EQ(st[0].arrived, 0u);
+    EXPECT_EQ(st[1].arrived, 0u);
+  }
+  std::printf("simulated TP=%d on one GPU: %d rank outputs checked against the reference\n", tp, checked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, SimulatedRanks, ::testing::Values(2, 4, 8),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace mhccl::gputest
