@@ -83,6 +83,7 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
 
   uint64_t seed = 90000 + 100 * tp;
   int checked = 0;
+  uint32_t calls[2] = {0, 0};  // per protocol
   for (const bool two_shot : {false, true}) {
     for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{150}, kCap}) {
       for (const bool fin : {false, true}) {
@@ -91,9 +92,11 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
                                    : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
                                                           : ConsumerVariant::kResidualOnly;
         const Problem p = testing::make_problem(seed++, m, kH, kHc, tp, fin);
+        // 0 where the stages exceed the shared memory (one-shot at TP=8: the host then runs the
+        // CTA-per-row consumer); a single row never streams.
         const int resident = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, cv, two_shot ? 1 : tp, big.threads);
-        ASSERT_GT(resident, 0);
-        std::vector<Path> paths = {Path::kPhased, Path::kStreaming};
+        std::vector<Path> paths = {Path::kPhased};
+        if (resident > 0 && m > 1) paths.push_back(Path::kStreaming);
         if (!two_shot && m <= 3) paths.push_back(Path::kSingleLaunch);
         uint64_t first_hash = 0;
         for (const Path path : paths) {
@@ -209,6 +212,7 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
             }
           }
           each([&](int r) { return launch_consumer(cps[r], kHc, ConsumerInput::kPoll, cv, ranks[r]->stream, true); });
+          ++calls[two_shot ? 1 : 0];
           ErrorRecord rec[2];
           MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
           ASSERT_EQ(rec[kTimeoutRecord].ready, 0u)
@@ -231,8 +235,8 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
   for (int r = 0; r < tp; ++r) {
     LamportState st[2];
     MHCCL_TEST_CUDA(cudaMemcpy(st, ranks[r]->states.get(), sizeof(st), cudaMemcpyDeviceToHost));
-    EXPECT_EQ(st[0].calls, 8u * 2 + 4u) << "rank " << r << " one-shot calls";  // 8 problems x 2 paths + 4 single launches
-    EXPECT_EQ(st[1].calls, 8u * 2) << "rank " << r << " two-shot calls";
+    EXPECT_EQ(st[0].calls, calls[0]) << "rank " << r << " one-shot calls";
+    EXPECT_EQ(st[1].calls, calls[1]) << "rank " << r << " two-shot calls";
     EXPECT_EQ(st[0].arrived, 0u);
     EXPECT_EQ(st[1].arrived, 0u);
   }
