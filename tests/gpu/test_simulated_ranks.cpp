@@ -13,7 +13,9 @@
 //    ranks' grids at once (each 1/R of the device's resident CTAs, so all fit together);
 //  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once).
 // The host-side choice between them (src/ops/all_reduce_mhc.cpp) runs in the other tests.
+// Likewise the all-gather kernel.
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "common/mhc_harness.h"
@@ -245,6 +247,81 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
     EXPECT_EQ(st[1].arrived, 0u);
   }
   std::printf("simulated TP=%d on one GPU: %d rank outputs checked against the reference\n", tp, checked);
+}
+
+// The all-gather at tp ranks on one GPU: every size class, 0x80000000 words (they arrive as 0),
+// 9 calls in a row so that every generation's slots are used and reset twice.
+TEST_P(SimulatedRanks, AllGatherAgainstReference) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  constexpr int64_t kCap = 1 << 20;
+  struct Rank {
+    DeviceBuffer mailbox, state, in, out;
+    cudaStream_t stream = nullptr;
+  };
+  std::vector<Rank> ranks(tp);
+  for (Rank& k : ranks) {
+    k.mailbox = DeviceBuffer(static_cast<size_t>(kGenerations * tp * kCap));
+    MHCCL_TEST_CUDA(launch_fill_u32(k.mailbox.get(), k.mailbox.bytes() / 4, kWordSentinel, nullptr));
+    k.state = DeviceBuffer(sizeof(LamportState));
+    MHCCL_TEST_CUDA(cudaMemset(k.state.get(), 0, sizeof(LamportState)));
+    k.in = DeviceBuffer(kCap);
+    k.out = DeviceBuffer(static_cast<size_t>(kCap * tp));
+    MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
+  }
+  DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
+  MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
+  MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+  ErrorSink err{};
+  err.records = records.as<ErrorRecord>();
+  err.claims = words.as<uint32_t>();
+  err.abort_flag = words.as<uint32_t>() + 2;
+  err.timeout_ns = 10'000'000'000ull;
+  err.op = kOpAllGather;
+  std::mt19937_64 rng(7000 + tp);
+  const int64_t sizes[] = {16, 48, 4096, 65536, kCap, 16, 1 << 18, 4096, 48};
+  for (const int64_t bytes : sizes) {
+    std::vector<std::vector<uint32_t>> in(tp, std::vector<uint32_t>(bytes / 4));
+    std::vector<uint32_t> want(static_cast<size_t>(bytes / 4 * tp));
+    for (int r = 0; r < tp; ++r) {
+      for (auto& w : in[r]) w = static_cast<uint32_t>(rng());
+      for (int i = 0; i < 3; ++i) in[r][rng() % in[r].size()] = rng() % 2 ? kWordSentinel : 0x80000001u;
+      for (size_t i = 0; i < in[r].size(); ++i) want[r * in[r].size() + i] = in[r][i] == kWordSentinel ? 0u : in[r][i];
+      ranks[r].in.upload(in[r]);
+      MHCCL_TEST_CUDA(cudaMemset(ranks[r].out.get(), 0xA5, static_cast<size_t>(bytes * tp)));
+    }
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+    for (int r = 0; r < tp; ++r) {
+      AllGatherParams p = {};
+      p.in = ranks[r].in.get();
+      p.out = ranks[r].out.get();
+      p.tp = tp;
+      p.rank = r;
+      p.packs = bytes / 16;
+      p.capacity_packs = kCap / 16;
+      p.state = ranks[r].state.as<LamportState>();
+      p.err = err;
+      for (int k = 0; k < tp; ++k) p.mailboxes[k] = ranks[(r + k) % tp].mailbox.get();
+      MHCCL_TEST_CUDA(launch_all_gather(p, ranks[r].stream, true));
+    }
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+    ErrorRecord rec[2];
+    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
+    ASSERT_EQ(rec[kTimeoutRecord].ready, 0u) << "a wait expired: tp=" << tp << " " << bytes << " B";
+    for (int r = 0; r < tp; ++r) {
+      std::vector<uint32_t> got(want.size());
+      MHCCL_TEST_CUDA(cudaMemcpy(got.data(), ranks[r].out.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(got == want) << "tp=" << tp << " rank " << r << " " << bytes << " B/rank";
+    }
+  }
+  for (Rank& k : ranks) {
+    LamportState st;
+    MHCCL_TEST_CUDA(cudaMemcpy(&st, k.state.get(), sizeof(st), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(st.calls, 9u);
+    EXPECT_EQ(st.arrived, 0u);
+    cudaStreamDestroy(k.stream);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, SimulatedRanks, ::testing::Values(2, 4, 8),
