@@ -250,7 +250,7 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
 }
 
 // The all-gather at tp ranks on one GPU: every size class, 0x80000000 words (they arrive as 0),
-// 9 calls in a row so that every generation's slots are used and reset twice.
+// up to 9 calls in a row so that every generation's slots are used and reset at least twice.
 TEST_P(SimulatedRanks, AllGatherAgainstReference) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
@@ -281,7 +281,12 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
   err.op = kOpAllGather;
   std::mt19937_64 rng(7000 + tp);
   const int64_t sizes[] = {16, 48, 4096, 65536, kCap, 16, 1 << 18, 4096, 48};
+  int calls = 0;
   for (const int64_t bytes : sizes) {
+    // Every rank's grid must be resident at once on the one device (on real hardware each rank
+    // has its own): up to 128 CTAs of 256 threads a rank at 1 MiB, so at most 2 MiB over all.
+    if (bytes * tp > 2 * kCap) continue;
+    ++calls;
     std::vector<std::vector<uint32_t>> in(tp, std::vector<uint32_t>(bytes / 4));
     std::vector<uint32_t> want(static_cast<size_t>(bytes / 4 * tp));
     for (int r = 0; r < tp; ++r) {
@@ -318,7 +323,7 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
   for (Rank& k : ranks) {
     LamportState st;
     MHCCL_TEST_CUDA(cudaMemcpy(&st, k.state.get(), sizeof(st), cudaMemcpyDeviceToHost));
-    EXPECT_EQ(st.calls, 9u);
+    EXPECT_EQ(st.calls, static_cast<uint32_t>(calls));
     EXPECT_EQ(st.arrived, 0u);
     cudaStreamDestroy(k.stream);
   }
