@@ -133,11 +133,12 @@ fi
 if [[ " $stages " == *" envsweep "* ]]; then
   # Launch-shape experiments of the large-M table (one-shot vs two-shot vs NCCL + consumer):
   # SWEEP_ENVS holds settings separated by spaces, each a comma list of VAR=value
-  # (e.g. "MHCCL_STREAM_PUBLISHERS=8 MHCCL_STREAM_PUBLISHERS=32,MHCCL_STREAM_REDUCERS=8").
+  # (e.g. "MHCCL_STREAM_PUBLISHERS=8 MHCCL_STREAM_PUBLISHERS=32,MHCCL_STREAM_REDUCERS=8"); SWEEP_TP
+  # the group size (default 2; 1: the TP=1 self-test table, through the own mailbox).
   for set in ${SWEEP_ENVS:-none}; do
     stamp "envsweep: $set"
     envs=(); [[ $set != none ]] && IFS=, read -ra envs <<< "$set"
-    env "${envs[@]}" timeout ${SWEEP_TIMEOUT:-120} "$B/tools/bench/mhccl-bench" --tp 2 --ops twoshot --no-check \
+    env "${envs[@]}" timeout ${SWEEP_TIMEOUT:-120} "$B/tools/bench/mhccl-bench" --tp ${SWEEP_TP:-2} --ops twoshot --no-check \
       --json "$OUT/envsweep-${set//[,=]/_}.json" > "$OUT/envsweep-${set//[,=]/_}.log" 2>&1
     echo "bench rc=$?"; grep -E "M=(128|256|1024|4096|8192) " "$OUT/envsweep-${set//[,=]/_}.log" | awk -v s="$set" '{print s, $0}'
   done

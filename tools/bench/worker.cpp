@@ -208,7 +208,7 @@ void check_all_reduce(Ctx& c) {
     if (c.tp > 1) {  // every protocol, identical bits
       const Problem p = testing::make_problem(seed++, 64, kH, kHc, c.tp, fin, kTopK);
       uint64_t h[3] = {0, 1, 2};
-      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
+      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, c.tp == 1 ? Protocol::kAuto : Protocol::kNccl};
       std::string err;
       for (int i = 0; i < 3; ++i) {
         const std::string e = one(p, Variant::kMxfp8, protos[i], &h[i]);
@@ -383,25 +383,35 @@ void time_all_reduce(Ctx& c) {
 }
 
 // One-shot vs two-shot vs NCCL + consumer at large M (TP > 1): where the thresholds come from.
+// At TP > 1: one-shot, two-shot and NCCL + consumer. At TP=1 the same table through the rank's
+// own mailbox (lamport_self_test: the protocols' launch shapes with local stores instead of
+// NVLink), against the direct path in the NCCL column: what the structure costs without
+// NVLink (the streaming call's overlap, its role CTAs), not a deployment's numbers.
 void time_two_shot(Ctx& c) {
-  if (c.tp == 1 || !c.comm->peers_reachable()) return;
+  if (!c.comm->peers_reachable()) return;
   const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{256, 1024, 4096}
                                               : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192};
   const int64_t cap = ms.back();
   AllReduceMHCConfig cfg = dsv41_config(cap);
   cfg.two_shot_min_rows = cap + 1;     // the one-shot mailbox holds every row ...
   cfg.two_shot_min_finalize_rows = 1;  // ... and two-shot is built too
+  cfg.lamport_self_test = c.tp == 1;
   AllReduceMHC op(*c.comm, cfg);
   LamportFloor floor(*c.comm, cap, kH);
   InputSets sets(3, cap, c.stream);
-  c.say("  one-shot vs two-shot: P2P store %.0f GB/s, HBM copy %.0f GB/s; mailboxes %.1f MiB/rank\n",
-        c.peer_gbps, c.copy_gbps, op.mailbox_bytes() / 1048576.0);
+  if (c.tp == 1) {
+    c.say("  one-shot vs two-shot through the own mailbox (TP=1 self-test; 'nccl+consumer' is the direct path): "
+          "HBM copy %.0f GB/s; mailboxes %.1f MiB\n", c.copy_gbps, op.mailbox_bytes() / 1048576.0);
+  } else {
+    c.say("  one-shot vs two-shot: P2P store %.0f GB/s, HBM copy %.0f GB/s; mailboxes %.1f MiB/rank\n",
+          c.peer_gbps, c.copy_gbps, op.mailbox_bytes() / 1048576.0);
+  }
   for (int64_t m : ms) {
     const double floor_us = c.time_calls([&](int i) { floor.run(sets[i].x, sets[i].layer, m, c.stream); });
     for (bool fin : {false, true}) {
       const Problem p = shape_only(m, c.tp, fin, cap);
       double t[3];
-      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
+      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, c.tp == 1 ? Protocol::kAuto : Protocol::kNccl};
       for (int k = 0; k < 3; ++k) {
         t[k] = c.time_calls([&](int i) { testing::launch(op, p, Variant::kPlain, protos[k], sets[i], c.device, c.stream); });
       }
@@ -411,9 +421,10 @@ void time_two_shot(Ctx& c) {
       const double floor_two = std::max(nvlink_two / (c.peer_gbps * 1e9), hbm / (c.copy_gbps * 1e9)) * 1e6;
       const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
       for (int k = 0; k < 3; ++k) {
-        json r = base_row(c, opn, "plain", protocol_name(protos[k]), m);
+        json r = base_row(c, opn, "plain", c.tp == 1 ? (k == 2 ? "direct" : std::string(protocol_name(protos[k])) + " (own mailbox)")
+                                                     : protocol_name(protos[k]), m);
         r["us_median"] = t[k];
-        r["baseline"] = "nccl_allreduce+consumer";
+        r["baseline"] = c.tp == 1 ? "direct" : "nccl_allreduce+consumer";
         r["baseline_us"] = t[2];
         r["lamport_floor_us"] = floor_us;
         r["bandwidth_floor_us"] = k == 0 ? std::max(nvlink_one / (c.peer_gbps * 1e9), hbm / (c.copy_gbps * 1e9)) * 1e6
