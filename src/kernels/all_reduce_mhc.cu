@@ -23,35 +23,58 @@ namespace cg = cooperative_groups;
 // Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
 // recorded. The gemm2 packs of kGroup routes are loaded together before their fmas: 8, so that
 // DSV4.1's top_k = 6 costs two dependent round trips (routes, then rows), not four.
+constexpr int kFinalizeGroup = 8;
+
+// Routes and weights k0 .. k0 + 7 of a row (route -1 and weight 0 past top_k).
+struct RouteGroup {
+  int32_t route[kFinalizeGroup];
+  float w[kFinalizeGroup];
+};
+__device__ __forceinline__ void load_route_group(const FinalizeInputs& f, int64_t row, int k0, RouteGroup& rg) {
+#pragma unroll
+  for (int j = 0; j < kFinalizeGroup; ++j) {
+    const int k = k0 + j;
+    rg.route[j] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
+    rg.w[j] = k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
+  }
+}
+
+// acc += w[j] * gemm2[route[j]] over the group in k order; bad routes skipped (and recorded).
+__device__ __forceinline__ void accumulate_route_group(const FinalizeInputs& f, int64_t row, int k0, int pack, int np,
+                                                       const RouteGroup& rg, float (&acc)[8], const ErrorSink& err,
+                                                       bool report) {
+  uint4 g[kFinalizeGroup];
+#pragma unroll
+  for (int j = 0; j < kFinalizeGroup; ++j) {
+    if (rg.route[j] >= 0 && rg.route[j] < f.gemm2_rows) {
+      g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(rg.route[j]) * np + pack);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kFinalizeGroup; ++j) {
+    if (rg.route[j] >= 0 && rg.route[j] < f.gemm2_rows) {
+      float v[8];
+      unpack_bf16(g[j], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(rg.w[j], v[e], acc[e]);
+    } else if (report && rg.route[j] != -1 && k0 + j < f.top_k) {
+      record_error(err, kBadRoute, 0, -1, 0, row, rg.route[j]);
+    }
+  }
+}
+
+// x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
+// Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
+// recorded. The gemm2 packs of kFinalizeGroup routes are loaded together before their fmas: 8,
+// so that DSV4.1's top_k = 6 costs two dependent round trips (routes, then rows), not four.
 __device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
-  constexpr int kGroup = 8;
   float acc[8];
   unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
-  for (int k0 = 0; k0 < f.top_k; k0 += kGroup) {
-    int32_t route[kGroup];
-    float w[kGroup];
-    uint4 g[kGroup];
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      const int k = k0 + j;
-      route[j] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
-      w[j] = k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
-      if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-        g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-        float v[8];
-        unpack_bf16(g[j], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w[j], v[e], acc[e]);
-      } else if (report && route[j] != -1 && k0 + j < f.top_k) {
-        record_error(err, kBadRoute, 0, -1, 0, row, route[j]);
-      }
-    }
+  for (int k0 = 0; k0 < f.top_k; k0 += kFinalizeGroup) {
+    RouteGroup rg;
+    load_route_group(f, row, k0, rg);
+    accumulate_route_group(f, row, k0, pack, np, rg, acc, err, report);
   }
   return pack_bf16(acc);
 }
@@ -480,6 +503,49 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
         if (row < p.m) store(row, v[u]);
+      }
+    }
+  } else if (p.fin.top_k <= kFinalizeGroup) {
+    // One route group a row (DSV4.1: top_k = 6): the next row's routes load while this row's
+    // GEMM2 rows do, so a row costs one dependent round trip, not two (finalize_pack's bits).
+    // Only the route indices go one row ahead (8 registers); the weights load with the rows.
+    const FinalizeInputs& f = p.fin;
+    auto load_routes = [&](int64_t row, int32_t (&route)[kFinalizeGroup]) {
+#pragma unroll
+      for (int j = 0; j < kFinalizeGroup; ++j) route[j] = j < f.top_k ? __ldg(f.routes + row * f.top_k + j) : -1;
+    };
+    int32_t route[kFinalizeGroup];
+    if (index < p.m) load_routes(index, route);
+    for (int64_t row = index; row < p.m; row += count) {
+      uint4 g[kFinalizeGroup];
+      float w[kFinalizeGroup];
+#pragma unroll
+      for (int j = 0; j < kFinalizeGroup; ++j) {
+        w[j] = j < f.top_k ? __ldg(f.weights + row * f.top_k + j) : 0.0f;
+        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
+          g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
+        }
+      }
+      float acc[8];
+      unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
+      int32_t next[kFinalizeGroup];
+      const bool more = row + count < p.m;
+      if (more) load_routes(row + count, next);
+#pragma unroll
+      for (int j = 0; j < kFinalizeGroup; ++j) {
+        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
+          float v[8];
+          unpack_bf16(g[j], v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w[j], v[e], acc[e]);
+        } else if (pack == 0 && route[j] != -1 && j < f.top_k) {
+          record_error(p.err, kBadRoute, 0, -1, 0, row, route[j]);
+        }
+      }
+      store(row, pack_bf16(acc));
+      if (more) {
+#pragma unroll
+        for (int j = 0; j < kFinalizeGroup; ++j) route[j] = next[j];
       }
     }
   } else {
