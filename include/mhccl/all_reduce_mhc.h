@@ -62,10 +62,14 @@ struct AllReduceMHCConfig {
   // one launch less. -1: every M whose grid is co-resident by construction (96 CTAs: M <= 96
   // at H <= 5120); 0: always two launches.
   int64_t single_launch_max_rows = -1;
-  // The direct consumer (TP=1 call; after the NCCL fallback's all-reduce) of rows that fit one
-  // CTA runs as a persistent grid that prefetches the next row into shared memory while it
-  // computes the current one (cp.async), from this many rows: the same bits, more of the HBM
-  // bandwidth. -1: when M exceeds the CTAs resident at once; 0: never.
+  // The consumer of rows that fit one CTA runs as a persistent grid that prefetches the next
+  // row into shared memory while it computes the current one (cp.async), from this many rows:
+  // the same bits, more of the HBM bandwidth. For a one-shot or two-shot call (above the single
+  // launch) it is the call's only launch: some of its CTAs publish this rank's rows (two-shot:
+  // some reduce the owned rows) while the others consume, so the NVLink stores overlap the
+  // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, after the NCCL
+  // fallback's all-reduce) when M exceeds the CTAs resident at once; one-shot from 1024 rows;
+  // two-shot never (measured on one GPU so far: docs/PERFORMANCE.md).
   int64_t streaming_min_rows = -1;
   // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
   // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the

@@ -827,7 +827,11 @@ bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
     return false;
   }
   const int roles = p.publisher_ctas + p.reducer_ctas;
-  return p.streaming_min_rows > 0 ? p.m >= p.streaming_min_rows : p.m > p.streaming_ctas - roles;
+  if (p.streaming_min_rows > 0) return p.m >= p.streaming_min_rows;
+  if (input == ConsumerInput::kPoll) {  // automatic: one-shot from kPollStreamingMinRows, two-shot never
+    return p.contributions == nullptr && p.m >= kPollStreamingMinRows;
+  }
+  return p.m > p.streaming_ctas - roles;
 }
 
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,

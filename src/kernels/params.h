@@ -124,6 +124,12 @@ constexpr int kSmallMCtasPerRow = 5;
 // (TP=2 one-shot 120 KiB, TP=4 160 KiB); hc = 8 at 512 threads 144 KiB (TP=2 160 KiB, TP=4
 // 192 KiB). Above it (TP=8 one-shot) the CTA-per-row consumer runs.
 constexpr size_t kMaxStreamingSmem = 200 * 1024;
+// The automatic choice (streaming_min_rows = -1) of the polling consumer: the one-shot call
+// streams (one launch, its own publishing CTAs) from this many rows; two-shot does not. Measured
+// on one H200 through the own mailbox (TP=1 self-test, docs/PERFORMANCE.md): streaming is 8%
+// slower at 512 rows, 5% (call) and 16% (finalize) faster at 1024, 14-22% from 2048. TP=2 is
+// yet to be measured (no 2-GPU machine lent since it was written).
+constexpr int64_t kPollStreamingMinRows = 1024;
 
 struct ConsumerParams {
   // griddepcontrol.wait before reading anything: needed when this kernel is the call's first
@@ -162,9 +168,10 @@ struct ConsumerParams {
   int np;
   RowTiling tiling;
   ErrorSink err;
-  // Rows of one CTA, kDirect or kPoll after a publish kernel (or with publisher_ctas): from this
-  // many rows the streaming (persistent, prefetching) consumer runs on min(M + publisher_ctas,
-  // streaming_ctas) CTAs; -1: when M exceeds its consuming CTAs; 0: never.
+  // Rows of one CTA, kDirect or kPoll (not a single launch): from this many rows the streaming
+  // (persistent, prefetching) consumer runs on min(M + role CTAs, streaming_ctas) CTAs; 0:
+  // never; -1: automatic (kDirect when M exceeds its CTAs; kPoll one-shot from
+  // kPollStreamingMinRows, two-shot never).
   int64_t streaming_min_rows;
   // CTAs of the streaming consumer resident at once for this input, the same on every rank (the
   // op's minimum over the ranks, agreed at construction: launch shapes never depend on a
