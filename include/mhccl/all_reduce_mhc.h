@@ -2,8 +2,9 @@
 // with the carried pre-mix, RMSNorm and an optional MXFP8 layer input (SPEC.md, AllReduceMHC);
 // `finalize` also folds the MoE top-k reduction and the shared expert into the publish.
 //
-// One call = one launch for small M (the consumer publishes its own row first, then polls), a
-// publish + a consumer launch above that, and the owners' reduce between them for two-shot.
+// One call = one launch for small M (the consumer publishes its own row first, then polls) and
+// for large M (a persistent grid whose CTAs publish or consume: streaming_min_rows), a publish +
+// a consumer launch in between, and the owners' reduce between them for two-shot.
 // Algorithm: the one-shot ("LL") and two-shot ("BT") Lamport protocols of TensorRT-LLM /
 // FlashInfer all-reduce fusion, here over unicast NVLink peer mappings of NCCL symmetric
 // windows (no multicast); invariants in docs/PROTOCOL.md.
@@ -35,11 +36,12 @@ struct AllReduceMHCConfig {
   bool quantize_layer_input = false;  // build the MXFP8 variant (accept mxfp8 outputs)
   bool residual_only = false;         // build the residual-only variant (pre, norm_weight absent)
   // A call of M rows uses two-shot when M >= two_shot_min_rows (finalize:
-  // two_shot_min_finalize_rows), one-shot below. 0 takes the default measured for (tp, H);
+  // two_shot_min_finalize_rows), one-shot below. 0 takes the default measured for tp;
   // a value above max_num_tokens disables two-shot. The one-shot mailbox holds only the rows
   // below the larger threshold. Defaults: TP=2 call 2048, finalize never (two-shot measured
   // slower for finalize at every M; the one-shot mailbox then holds max_num_tokens rows:
-  // 3 * tp * max_num_tokens * H * 2 bytes); TP=4 384/512, TP=8 192/256 (extrapolated).
+  // 3 * tp * max_num_tokens * H * 2 bytes); TP=4 384/512, TP=8 192/256 (extrapolated);
+  // TP=1 with lamport_self_test: never (forced two-shot needs a threshold set).
   int64_t two_shot_min_rows = 0;
   int64_t two_shot_min_finalize_rows = 0;
   // Opt-in: the automatic choice takes the NCCL all-reduce + the fused consumer
@@ -47,7 +49,7 @@ struct AllReduceMHCConfig {
   // two-shot threshold. 0 (the default): never. Why opt-in: NCCL waits for a dead peer without
   // a budget (no kPeerTimeout; the Lamport paths never hang). Why one may want it: at TP=2 and
   // M >= 4096 the NCCL all-reduce + the streaming consumer beats both Lamport protocols for call
-  // (271 vs 300 us two-shot at M = 4096, 517 vs 597 at 8192; about even at 2048; finalize: never
+  // (session 3: 271 vs 300 us two-shot at M = 4096, 517 vs 597 at 8192; about even at 2048; finalize: never
   // faster). The same bits at TP=2 only (at TP > 2 NCCL's sum is not in rank order). Where set
   // at or below max_num_tokens, the NCCL path's row buffer (C * H * 2 bytes) is allocated at
   // construction, so CUDA-graph capture needs no first eager call. Forced one-shot and two-shot
@@ -59,8 +61,9 @@ struct AllReduceMHCConfig {
   bool enable_pdl = true;
   // One-shot calls of at most this many rows run as a single launch (the consumer publishes
   // its own row first, then polls) instead of publish + consumer: the same protocol and bits,
-  // one launch less. -1: every M whose grid is co-resident by construction (96 CTAs: M <= 96
-  // at H <= 5120); 0: always two launches.
+  // one launch less. -1: every M whose grid is co-resident by construction (at most 96 CTAs,
+  // rows that fit one CTA: M <= 96 at H <= 5120 with hc <= 4, H <= 4096 with hc = 8); 0: always
+  // two launches.
   int64_t single_launch_max_rows = -1;
   // The consumer of rows that fit one CTA runs as a persistent grid that prefetches the next
   // row into shared memory while it computes the current one (cp.async), from this many rows:
@@ -111,9 +114,9 @@ struct AllReduceMHCFinalizeArgs {
   Protocol protocol = Protocol::kAuto;
 };
 
-// Per call: one-shot (one launch at small M, else publish + consumer), two-shot (publish, the
-// owners' reduce, consumer) or, opted in or where peers are unreachable, ncclAllReduce + the
-// consumer; thresholds in AllReduceMHCConfig.
+// Per call: one-shot (one launch at small and at large M, publish + consumer in between),
+// two-shot (publish, the owners' reduce, consumer; one launch where it streams) or, opted in or
+// where peers are unreachable, ncclAllReduce + the consumer; thresholds in AllReduceMHCConfig.
 // Constructed collectively over the communicator's group (every rank, same config). Calls are
 // stream-ordered and graph-capturable; every rank must issue the same sequence of calls with
 // the same M. Outputs are written into the caller's tensors. Arguments are checked before the

@@ -1,6 +1,7 @@
 // Turning CUDA/NCCL status codes into mhccl::Error, and a device guard.
 #pragma once
 
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -27,6 +28,21 @@ inline void check_nccl(ncclResult_t status, const char* what) {
                                            ? std::string(" (") + ncclGetLastError(nullptr) + ")"
                                            : std::string()));
   }
+}
+
+// The integer in environment variable `name`, when set and not empty; Error(kInvalidArgument)
+// naming the variable when it is not an integer in [lo, hi].
+inline bool env_int(const char* name, long long lo, long long hi, long long* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return false;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected an integer in [" + std::to_string(lo) +
+                                                 ", " + std::to_string(hi) + "], got '" + v + "'");
+  }
+  *out = x;
+  return true;
 }
 
 // Makes `device` current for a scope and restores the caller's device after.

@@ -331,6 +331,16 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
   }
 }
 
+// The error sink of a consumer's wait for a row from `peer`. A two-shot row this rank owns
+// comes from this rank's own owner reduce, which stalls only while it waits for a peer: that
+// wait gets twice the budget here, so the owner's wait expires first and its record names the
+// peer that stalled (the expiry stops every other wait of the communicator).
+__device__ __forceinline__ ErrorSink consumer_sink(const ConsumerParams& p, int peer) {
+  ErrorSink e = p.err;
+  if (p.nslots == 1 && peer == p.rank) e.timeout_ns *= 2;
+  return e;
+}
+
 // The end of a polling consumer, the call's last kernel, in every CTA: the previous call's
 // slots reset once this call's outputs are out (peers store into them again only two calls
 // later: docs/PROTOCOL.md), for two-shot also this rank's owned contributions of the previous
@@ -427,7 +437,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       for (int r = 0; r < kMaxTp; ++r) {
         if (r >= p.nslots) continue;
         const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], p.err,
+        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p, peer),
                              WaitSite{p.protocol, peer, g.current, row});
         float f[8];
         unpack_bf16(v[r], f);
@@ -472,10 +482,11 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
 // count, one-shot into every rank's slot [gen][rank][row], two-shot (contributions given) into
 // slot [gen][rank][row / tp] of the owner (rank row % tp). Several rows in flight a thread for
 // x; the finalize reduction has its own 8 loads in flight.
+template <bool kFin>
 __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
-  if (pack >= np) return;
+  const bool active = pack < np;  // every thread stays: the finalize prefetch has CTA barriers
   const bool two_shot = p.contributions != nullptr;
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
@@ -489,7 +500,8 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
       st_volatile(static_cast<uint4*>(base) + mailbox_offset(gen, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
     }
   };
-  if (p.x != nullptr) {
+  if constexpr (!kFin) {
+    if (!active) return;
     constexpr int kRows = 4;
     const uint4* x = static_cast<const uint4*>(p.x);
     for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
@@ -505,50 +517,61 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
         if (row < p.m) store(row, v[u]);
       }
     }
-  } else if (p.fin.top_k <= kFinalizeGroup) {
-    // One route group a row (DSV4.1: top_k = 6): the next row's routes load while this row's
-    // GEMM2 rows do, so a row costs one dependent round trip, not two (finalize_pack's bits).
-    // Only the route indices go one row ahead (8 registers); the weights load with the rows.
+  } else if (p.fin.top_k <= kFinalizeGroup) {  // kFin
+    // The next row's routes and weights (the same for every thread of the row) go into shared
+    // memory with cp.async while this row's GEMM2 rows load: a row costs one dependent round
+    // trip, not two, and the prefetch holds no registers (the kernel shares them with its
+    // consumers). finalize_pack's arithmetic, the same bits.
     const FinalizeInputs& f = p.fin;
-    auto load_routes = [&](int64_t row, int32_t (&route)[kFinalizeGroup]) {
-#pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) route[j] = j < f.top_k ? __ldg(f.routes + row * f.top_k + j) : -1;
+    extern __shared__ uint4 stage_packs[];  // unused by publishing CTAs otherwise
+    int32_t* routes = reinterpret_cast<int32_t*>(stage_packs);           // [2][kFinalizeGroup]
+    float* weights = reinterpret_cast<float*>(routes + 2 * kFinalizeGroup);  // [2][kFinalizeGroup]
+    auto prefetch = [&](int64_t row, int buf) {
+      const int k = static_cast<int>(threadIdx.x);
+      if (k < f.top_k) {
+        cp_async4(routes + buf * kFinalizeGroup + k, f.routes + row * f.top_k + k);
+        cp_async4(weights + buf * kFinalizeGroup + k, f.weights + row * f.top_k + k);
+      }
+      cp_async_commit();
     };
-    int32_t route[kFinalizeGroup];
-    if (index < p.m) load_routes(index, route);
-    for (int64_t row = index; row < p.m; row += count) {
-      uint4 g[kFinalizeGroup];
-      float w[kFinalizeGroup];
+    int buf = 0;
+    if (index < p.m) prefetch(index, 0);
+    for (int64_t row = index; row < p.m; row += count, buf ^= 1) {
+      if (row + count < p.m) prefetch(row + count, buf ^ 1);
+      else cp_async_commit();
+      cp_async_wait_all_but_newest();
+      __syncthreads();  // this row's routes, copied by other threads
+      if (active) {
+        const int32_t* route = routes + buf * kFinalizeGroup;
+        const float* w = weights + buf * kFinalizeGroup;
+        uint4 g[kFinalizeGroup];
 #pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) {
-        w[j] = j < f.top_k ? __ldg(f.weights + row * f.top_k + j) : 0.0f;
-        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-          g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
+        for (int j = 0; j < kFinalizeGroup; ++j) {
+          if (j < f.top_k && route[j] >= 0 && route[j] < f.gemm2_rows) {
+            g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
+          }
         }
-      }
-      float acc[8];
-      unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
-      int32_t next[kFinalizeGroup];
-      const bool more = row + count < p.m;
-      if (more) load_routes(row + count, next);
+        float acc[8];
+        unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
 #pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) {
-        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-          float v[8];
-          unpack_bf16(g[j], v);
+        for (int j = 0; j < kFinalizeGroup; ++j) {
+          if (j >= f.top_k) continue;
+          const int32_t rj = route[j];
+          if (rj >= 0 && rj < f.gemm2_rows) {
+            float v[8];
+            unpack_bf16(g[j], v);
+            const float wj = w[j];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w[j], v[e], acc[e]);
-        } else if (pack == 0 && route[j] != -1 && j < f.top_k) {
-          record_error(p.err, kBadRoute, 0, -1, 0, row, route[j]);
+            for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(wj, v[e], acc[e]);
+          } else if (pack == 0 && rj != -1) {
+            record_error(p.err, kBadRoute, 0, -1, 0, row, rj);
+          }
         }
+        store(row, pack_bf16(acc));
       }
-      store(row, pack_bf16(acc));
-      if (more) {
-#pragma unroll
-        for (int j = 0; j < kFinalizeGroup; ++j) route[j] = next[j];
-      }
+      __syncthreads();  // every read of this buffer done before the prefetch two rows on
     }
-  } else {
+  } else if (active) {
     for (int64_t row = index; row < p.m; row += count) store(row, finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0));
   }
 }
@@ -632,7 +655,8 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
         uint4 v = st[(HC + r) * threads + pack];
         if constexpr (IN == ConsumerInput::kPoll) {
           const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, p.err, WaitSite{p.protocol, peer, gen, row});
+          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p, peer),
+                               WaitSite{p.protocol, peer, gen, row});
         }
         float f[8];
         unpack_bf16(v, f);
@@ -666,7 +690,9 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
 // publisher and owner is a running CTA before any consumer exists; publishers wait for nothing,
 // owners for publishers (of every rank), consumers for publishers and owners.
 // Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
-template <int HC, ConsumerInput IN, ConsumerVariant V>
+// kFin (kPoll): the publishing CTAs reduce this rank's finalize inputs instead of loading x (a
+// separate kernel, so the call's kernel carries none of the finalize code and its registers).
+template <int HC, ConsumerInput IN, ConsumerVariant V, bool kFin = false>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
   static_assert(IN == ConsumerInput::kDirect || IN == ConsumerInput::kPoll, "no streaming finalize at TP=1");
   if (p.wait_predecessor) pdl_wait();
@@ -680,7 +706,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     const uint32_t ticket = role_ticket;
     const int64_t publishers = p.publisher_ctas, roles = publishers + p.reducer_ctas;
     if (ticket < publishers) {
-      publish_rows(p, g.current, ticket, publishers);
+      publish_rows<kFin>(p, g.current, ticket, publishers);
     } else if (ticket < roles) {
       reduce_owned_rows(p, g.current, ticket - publishers, roles - publishers);
     } else {
@@ -729,17 +755,17 @@ ConsumerFn consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
   return nullptr;
 }
 
-template <ConsumerInput IN>
+template <ConsumerInput IN, bool kFin>
 ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   auto pick = [v](auto plain, auto mxfp8, auto residual_only) -> ConsumerFn {
     return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8 : residual_only;
   };
   switch (hc) {
-#define MHCCL_STREAMING(H)                                                          \
-  case H:                                                                            \
-    return pick(mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kPlain>,       \
-                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kMxfp8>,       \
-                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kResidualOnly>);
+#define MHCCL_STREAMING(H)                                                                \
+  case H:                                                                                  \
+    return pick(mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kPlain, kFin>,       \
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kMxfp8, kFin>,       \
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kResidualOnly, kFin>);
     MHCCL_STREAMING(1)
     MHCCL_STREAMING(2)
     MHCCL_STREAMING(4)
@@ -748,10 +774,13 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   }
   return nullptr;
 }
-ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
+// finalize: a polling call whose publishing CTAs reduce the finalize inputs (kPoll only).
+ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v, bool finalize) {
   switch (in) {
-    case ConsumerInput::kDirect: return streaming_consumer_for<ConsumerInput::kDirect>(hc, v);
-    case ConsumerInput::kPoll: return streaming_consumer_for<ConsumerInput::kPoll>(hc, v);
+    case ConsumerInput::kDirect: return streaming_consumer_for<ConsumerInput::kDirect, false>(hc, v);
+    case ConsumerInput::kPoll:
+      return finalize ? streaming_consumer_for<ConsumerInput::kPoll, true>(hc, v)
+                      : streaming_consumer_for<ConsumerInput::kPoll, false>(hc, v);
     case ConsumerInput::kFinalize: return nullptr;
   }
   return nullptr;
@@ -805,19 +834,29 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 // across the ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
                                      int threads) {
-  ConsumerFn fn = streaming_consumer_for(hc, input, variant);
   const size_t smem = streaming_smem(hc, inputs, threads);
-  if (fn == nullptr || smem > kMaxStreamingSmem) return 0;
-  int device = 0, per_sm = 0, sms = 0;
+  if (smem > kMaxStreamingSmem) return 0;
+  int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
+    cudaGetLastError();
     return 0;
   }
-  return per_sm * sms;
+  int least = -1;  // polling: the call's and finalize's kernels, the one grid for both
+  for (const bool finalize : {false, true}) {
+    if (finalize && input != ConsumerInput::kPoll) break;
+    ConsumerFn fn = streaming_consumer_for(hc, input, variant, finalize);
+    int per_sm = 0;
+    if (fn == nullptr ||
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
+      return 0;
+    }
+    least = least < 0 ? per_sm : std::min(least, per_sm);
+  }
+  return least * sms;
 }
 
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
@@ -840,7 +879,7 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
     const int threads = p.tiling.threads;
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
     const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
-    return launch_ex(streaming_consumer_for(hc, input, variant), p, dim3(static_cast<unsigned>(grid)),
+    return launch_ex(streaming_consumer_for(hc, input, variant, p.x == nullptr), p, dim3(static_cast<unsigned>(grid)),
                      dim3(static_cast<unsigned>(threads)), streaming_smem(hc, inputs, threads), stream, pdl);
   }
   ConsumerFn fn = consumer_for(hc, input, variant);

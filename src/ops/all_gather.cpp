@@ -41,7 +41,8 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   }
   MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
   // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
-  if (const char* env = std::getenv("MHCCL_ALLGATHER_PACKS_PER_CTA")) im.packs_per_cta = std::atoi(env);
+  long long v = 0;
+  if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);
 }
 
 LamportAllGather::~LamportAllGather() = default;

@@ -32,7 +32,9 @@ using kernels::PublishParams;
 
 // Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2 (session 2,
 // CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp
-// rows per row). For call, two-shot's extra hop pays from 2048 rows on (2% at 2048-8192). For
+// rows per row). For call, two-shot measured 1-3% faster than the CTA-per-row one-shot from 512
+// rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048 (session 2). Since
+// session 4 one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
 // finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
 // under the NVLink stores and two-shot serializes before the owners' reduce (17% slower at
 // 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
@@ -47,6 +49,7 @@ constexpr int kDefaultFinalizePublisherCtas = 40;
 constexpr int kDefaultReducerCtas = 16;
 int64_t default_two_shot_min_rows(int tp, bool finalize) {
   switch (tp) {
+    case 1: return kNever;  // lamport_self_test: the one-shot mailbox holds every row
     case 2: return finalize ? kNever : 2048;
     case 4: return finalize ? 512 : 384;
     default: return finalize ? 256 : 192;
@@ -348,16 +351,20 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
   if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
   im.np = static_cast<int>(cfg.hidden_size / 8);
-  if (const char* env = std::getenv("MHCCL_CTAS_PER_ROW")) im.ctas_per_row = std::atoi(env);
-  // Benchmark A/B only, set alike on every rank: whether the consumers stream, and the role CTAs
-  // of a streaming Lamport call. Ranks that differ here still cannot hang (a rank waits only for
-  // its peers' data, never for a launch shape), but the launch shapes are then rank-dependent.
-  if (const char* env = std::getenv("MHCCL_STREAMING_MIN_ROWS")) cfg.streaming_min_rows = std::atoll(env);
-  // Benchmark A/B only: CTAs of the streaming one-shot that publish (call and finalize alike).
-  if (const char* env = std::getenv("MHCCL_STREAM_PUBLISHERS")) {
-    im.publisher_ctas[0] = im.publisher_ctas[1] = std::max(1, std::atoi(env));
+  // Benchmark A/B only, set alike on every rank (checked like the config: a bad value throws):
+  // CTAs a row, whether the consumers stream, and the role CTAs of a streaming Lamport call
+  // (publishers: call and finalize, one-shot and two-shot alike; two-shot's owners). Ranks that
+  // differ here still cannot hang (a rank waits only for its peers' data, never for a launch
+  // shape), but the launch shapes are then rank-dependent.
+  long long v = 0;
+  if (detail::env_int("MHCCL_CTAS_PER_ROW", 0, kernels::kMaxCtasPerRow, &v)) im.ctas_per_row = static_cast<int>(v);
+  if (detail::env_int("MHCCL_STREAMING_MIN_ROWS", -1, std::numeric_limits<int32_t>::max(), &v)) {
+    cfg.streaming_min_rows = v;
   }
-  if (const char* env = std::getenv("MHCCL_STREAM_REDUCERS")) im.reducer_ctas = std::max(1, std::atoi(env));
+  if (detail::env_int("MHCCL_STREAM_PUBLISHERS", 1, 1024, &v)) {
+    im.publisher_ctas[0] = im.publisher_ctas[1] = static_cast<int>(v);
+  }
+  if (detail::env_int("MHCCL_STREAM_REDUCERS", 1, 1024, &v)) im.reducer_ctas = static_cast<int>(v);
   detail::DeviceGuard guard(c.device);
   const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
   im.agree_streaming_grid(mailboxes);

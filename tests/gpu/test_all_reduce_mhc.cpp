@@ -559,43 +559,50 @@ INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest, ::testing::Values(1, 2),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
 // A rank that never publishes: the other gets Error(kPeerTimeout) naming it within the budget.
+// Twice, each on a fresh communicator: a single-launch call (M = 4), and a streaming one-shot
+// call (M = 64, its publishing CTAs in the same grid as the waiting ones).
 TEST(PeerTimeout, ReportedNamingThePeer) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (!env().world) GTEST_SKIP() << "needs 2 ranks: run under mhccl-launch -n 2";
-  CommunicatorOptions o;
-  o.wait_timeout_ms = 1000;
-  std::unique_ptr<Communicator> c = make_world_communicator(o);
-  if (!c->peers_reachable()) GTEST_SKIP() << "peers not load/store reachable: no Lamport waits";
-  {
-    AllReduceMHC op(*c, config(5120, 4, 16, 9));
-    CallBuffers b(16, 5120, 4, 6);
-    const int tp = c->tp();
-    if (c->rank() == 0) {
-      const Problem p = testing::make_problem(60000, 4, 5120, 4, tp, false);
-      upload(p, 0, b);
-      const auto t0 = std::chrono::steady_clock::now();
-      launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
-      MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      EXPECT_LT(s, 10.0);
-      try {
-        c->check_errors();
-        ADD_FAILURE() << "no timeout reported";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout) << e.what();
-        EXPECT_NE(std::string(e.what()).find("waited for rank 1"), std::string::npos) << e.what();
-      }
-      EXPECT_FALSE(c->usable());
-      try {
+  for (const bool streaming : {false, true}) {
+    CommunicatorOptions o;
+    o.wait_timeout_ms = 1000;
+    std::unique_ptr<Communicator> c = make_world_communicator(o);
+    if (!c->peers_reachable()) GTEST_SKIP() << "peers not load/store reachable: no Lamport waits";
+    {
+      AllReduceMHCConfig cfg = config(5120, 4, 64, 65);
+      if (streaming) cfg.streaming_min_rows = 2;
+      AllReduceMHC op(*c, cfg);
+      CallBuffers b(64, 5120, 4, 6);
+      const int tp = c->tp();
+      const int64_t m = streaming ? 64 : 4;
+      if (c->rank() == 0) {
+        const Problem p = testing::make_problem(60000 + m, m, 5120, 4, tp, false);
+        upload(p, 0, b);
+        const auto t0 = std::chrono::steady_clock::now();
         launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
-        ADD_FAILURE() << "an unusable communicator took a call";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::kUnusable) << e.what();
+        MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(s, 10.0) << (streaming ? "streaming" : "single launch");
+        try {
+          c->check_errors();
+          ADD_FAILURE() << "no timeout reported" << (streaming ? " (streaming)" : " (single launch)");
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout) << e.what();
+          EXPECT_NE(std::string(e.what()).find("waited for rank 1"), std::string::npos) << e.what();
+        }
+        EXPECT_FALSE(c->usable());
+        try {
+          launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+          ADD_FAILURE() << "an unusable communicator took a call";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kUnusable) << e.what();
+        }
       }
+      env().barrier();
     }
     env().barrier();
   }
-  env().barrier();
 }
 
 }  // namespace

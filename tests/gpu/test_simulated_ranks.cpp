@@ -14,6 +14,7 @@
 //  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once).
 // The host-side choice between them (src/ops/all_reduce_mhc.cpp) runs in the other tests.
 // Likewise the all-gather kernel.
+#include <chrono>
 #include <memory>
 #include <random>
 #include <vector>
@@ -56,6 +57,98 @@ struct SimRank {
   DeviceBuffer ll, bt, red, states;
   cudaStream_t stream = nullptr;
 };
+
+// The kernels' parameters of rank r for problem p, as src/ops/all_reduce_mhc.cpp builds them
+// (rotated one-shot targets, owners' mailboxes, rotated reduced buffers), from the ranks' own
+// buffers; the path's launch shape is set by the caller.
+void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Problem& p, Variant v, bool two_shot,
+                  const ErrorSink& err, PublishParams& pp, OwnerReduceParams& orp, ConsumerParams& cp) {
+  const int tp = static_cast<int>(ranks.size());
+  const int64_t m = p.m, kCap = ranks[0]->buf.rows;
+  const int kHc = p.hc;
+  const int np = static_cast<int>(p.h / 8);
+  const int64_t owner_rows = (kCap + tp - 1) / tp;
+  const bool fin = p.finalize;
+  SimRank& k = *ranks[r];
+  CallBuffers& b = k.buf;
+  pp = {};
+  orp = {};
+  cp = {};
+  cp.residual = b.residual;
+  cp.post = reinterpret_cast<const float*>(b.post);
+  cp.comb = reinterpret_cast<const float*>(b.comb);
+  cp.pre = v == Variant::kResidualOnly ? nullptr : reinterpret_cast<const float*>(b.pre);
+  cp.norm_weight = v == Variant::kResidualOnly ? nullptr : b.norm;
+  cp.eps = p.eps;
+  cp.residual_out = b.res_out;
+  cp.layer_input = v == Variant::kResidualOnly ? nullptr : b.layer;
+  cp.mxfp8_values = v == Variant::kMxfp8 ? b.values : nullptr;
+  cp.mxfp8_scales = v == Variant::kMxfp8 ? reinterpret_cast<uint8_t*>(b.scales) : nullptr;
+  cp.m = m;
+  cp.np = np;
+  cp.tiling = row_tiling(np, m, kHc);
+  cp.err = err;
+  cp.tp = tp;
+  cp.rank = r;
+  cp.wait_predecessor = true;
+  pp.x = fin ? nullptr : b.x;
+  if (fin) {
+    pp.fin.gemm2 = b.gemm2;
+    pp.fin.gemm2_rows = p.gemm2_rows;
+    pp.fin.weights = reinterpret_cast<const float*>(b.weights);
+    pp.fin.routes = reinterpret_cast<const int32_t*>(b.routes);
+    pp.fin.shared = b.shared;
+    pp.fin.top_k = p.top_k;
+  }
+  cp.x = pp.x;
+  cp.fin = pp.fin;
+  pp.m = m;
+  pp.np = np;
+  pp.tiling = cp.tiling;
+  pp.tp = tp;
+  pp.rank = r;
+  pp.err = err;
+  LamportState* states = k.states.as<LamportState>();
+  if (!two_shot) {
+    pp.dest = PublishDest::kAllRanks;
+    for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[(r + 1 + i) % tp]->ll.get();
+    pp.slot_rows = kCap;
+    pp.state = &states[0];
+    for (int i = 0; i < tp; ++i) cp.targets[i] = pp.targets[i];
+    cp.in = k.ll.get();
+    cp.nslots = tp;
+    cp.slot_rows = kCap;
+    cp.state = &states[0];
+    cp.protocol = kProtoOneShot;
+  } else {
+    pp.dest = PublishDest::kOwner;
+    for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[i]->bt.get();
+    pp.slot_rows = owner_rows;
+    pp.state = &states[1];
+    orp.mailbox = k.bt.get();
+    for (int i = 0; i < tp; ++i) orp.reduced[i] = ranks[(r + 1 + i) % tp]->red.get();
+    orp.tp = tp;
+    orp.rank = r;
+    orp.owner_rows = owner_rows;
+    orp.reduced_rows = kCap;
+    orp.m = m;
+    orp.np = np;
+    orp.tiling = cp.tiling;
+    orp.state = &states[1];
+    orp.err = err;
+    cp.in = k.red.get();
+    cp.contributions = k.bt.get();
+    cp.owner_rows = owner_rows;
+    cp.nslots = 1;
+    cp.slot_rows = kCap;
+    cp.state = &states[1];
+    cp.protocol = kProtoTwoShotReduced;
+    for (int i = 0; i < tp; ++i) {
+      cp.targets[i] = pp.targets[i];
+      cp.reduced[i] = orp.reduced[i];
+    }
+  }
+}
 
 class SimulatedRanks : public ::testing::TestWithParam<int> {};
 
@@ -106,89 +199,9 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
           std::vector<OwnerReduceParams> orps(tp);
           std::vector<ConsumerParams> cps(tp);
           for (int r = 0; r < tp; ++r) {
-            SimRank& k = *ranks[r];
-            testing::upload(p, r, k.buf);
-            CallBuffers& b = k.buf;
-            PublishParams& pp = pps[r];
-            OwnerReduceParams& orp = orps[r];
+            testing::upload(p, r, ranks[r]->buf);
+            build_params(ranks, r, p, v, two_shot, err, pps[r], orps[r], cps[r]);
             ConsumerParams& cp = cps[r];
-            pp = {};
-            orp = {};
-            cp = {};
-            cp.residual = b.residual;
-            cp.post = reinterpret_cast<const float*>(b.post);
-            cp.comb = reinterpret_cast<const float*>(b.comb);
-            cp.pre = v == Variant::kResidualOnly ? nullptr : reinterpret_cast<const float*>(b.pre);
-            cp.norm_weight = v == Variant::kResidualOnly ? nullptr : b.norm;
-            cp.eps = p.eps;
-            cp.residual_out = b.res_out;
-            cp.layer_input = v == Variant::kResidualOnly ? nullptr : b.layer;
-            cp.mxfp8_values = v == Variant::kMxfp8 ? b.values : nullptr;
-            cp.mxfp8_scales = v == Variant::kMxfp8 ? reinterpret_cast<uint8_t*>(b.scales) : nullptr;
-            cp.m = m;
-            cp.np = np;
-            cp.tiling = row_tiling(np, m, kHc);
-            cp.err = err;
-            cp.tp = tp;
-            cp.rank = r;
-            cp.wait_predecessor = true;
-            pp.x = fin ? nullptr : b.x;
-            if (fin) {
-              pp.fin.gemm2 = b.gemm2;
-              pp.fin.gemm2_rows = p.gemm2_rows;
-              pp.fin.weights = reinterpret_cast<const float*>(b.weights);
-              pp.fin.routes = reinterpret_cast<const int32_t*>(b.routes);
-              pp.fin.shared = b.shared;
-              pp.fin.top_k = p.top_k;
-            }
-            cp.x = pp.x;
-            cp.fin = pp.fin;
-            pp.m = m;
-            pp.np = np;
-            pp.tiling = cp.tiling;
-            pp.tp = tp;
-            pp.rank = r;
-            pp.err = err;
-            LamportState* states = k.states.as<LamportState>();
-            if (!two_shot) {
-              pp.dest = PublishDest::kAllRanks;
-              for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[(r + 1 + i) % tp]->ll.get();
-              pp.slot_rows = kCap;
-              pp.state = &states[0];
-              for (int i = 0; i < tp; ++i) cp.targets[i] = pp.targets[i];
-              cp.in = k.ll.get();
-              cp.nslots = tp;
-              cp.slot_rows = kCap;
-              cp.state = &states[0];
-              cp.protocol = kProtoOneShot;
-            } else {
-              pp.dest = PublishDest::kOwner;
-              for (int i = 0; i < tp; ++i) pp.targets[i] = ranks[i]->bt.get();
-              pp.slot_rows = owner_rows;
-              pp.state = &states[1];
-              orp.mailbox = k.bt.get();
-              for (int i = 0; i < tp; ++i) orp.reduced[i] = ranks[(r + 1 + i) % tp]->red.get();
-              orp.tp = tp;
-              orp.rank = r;
-              orp.owner_rows = owner_rows;
-              orp.reduced_rows = kCap;
-              orp.m = m;
-              orp.np = np;
-              orp.tiling = cp.tiling;
-              orp.state = &states[1];
-              orp.err = err;
-              cp.in = k.red.get();
-              cp.contributions = k.bt.get();
-              cp.owner_rows = owner_rows;
-              cp.nslots = 1;
-              cp.slot_rows = kCap;
-              cp.state = &states[1];
-              cp.protocol = kProtoTwoShotReduced;
-              for (int i = 0; i < tp; ++i) {
-                cp.targets[i] = pp.targets[i];
-                cp.reduced[i] = orp.reduced[i];
-              }
-            }
             if (path == Path::kStreaming) {
               cp.tiling = big;  // a row on one CTA (what the host streams; small M never does)
               cp.streaming_min_rows = 1;
@@ -247,6 +260,60 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
     EXPECT_EQ(st[1].arrived, 0u);
   }
   std::printf("simulated TP=%d on one GPU: %d rank outputs checked against the reference\n", tp, checked);
+}
+
+// Rank 0 of two runs a streaming call alone (rank 1 never publishes, nor reduces): its waits
+// expire within the budget, the record names rank 1, the protocol and a row, and the kernel ends
+// (no hang). One-shot (its consumers wait for rank 1's slots) and two-shot (its owners wait for
+// rank 1's contributions, its consumers for rank 1's reduced rows).
+TEST(SimulatedRanksTimeout, StreamingWaitExpiresNamingThePeer) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  constexpr int kTp = 2;
+  constexpr int64_t kH = 5120, kCap = 200;
+  std::vector<std::unique_ptr<SimRank>> ranks;
+  for (int r = 0; r < kTp; ++r) ranks.push_back(std::make_unique<SimRank>(kCap, kH, 4, kTp));
+  const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, 4);
+  for (const bool two_shot : {false, true}) {
+    DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
+    MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
+    MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+    ErrorSink err{};
+    err.records = records.as<ErrorRecord>();
+    err.claims = words.as<uint32_t>();
+    err.abort_flag = words.as<uint32_t>() + 2;
+    err.timeout_ns = 200'000'000ull;  // 0.2 s
+    err.op = kOpAllReduceCall;
+    const Problem p = testing::make_problem(95000 + two_shot, kCap, kH, 4, kTp, false);
+    testing::upload(p, 0, ranks[0]->buf);
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+    PublishParams pp;
+    OwnerReduceParams orp;
+    ConsumerParams cp;
+    build_params(ranks, 0, p, Variant::kPlain, two_shot, err, pp, orp, cp);
+    cp.tiling = big;
+    cp.streaming_min_rows = 1;
+    cp.streaming_ctas = streaming_consumer_resident_ctas(4, ConsumerInput::kPoll, ConsumerVariant::kPlain,
+                                                         two_shot ? 1 : kTp, big.threads) / kTp;
+    cp.publisher_ctas = 8;
+    cp.reducer_ctas = two_shot ? 8 : 0;
+    ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll));
+    const auto t0 = std::chrono::steady_clock::now();
+    MHCCL_TEST_CUDA(launch_consumer(cp, 4, ConsumerInput::kPoll, ConsumerVariant::kPlain, ranks[0]->stream, true));
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(ranks[0]->stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 5.0) << (two_shot ? "two-shot" : "one-shot");
+    ErrorRecord rec[2];
+    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
+    const ErrorRecord& t = rec[kTimeoutRecord];
+    EXPECT_EQ(t.ready, 1u) << (two_shot ? "two-shot" : "one-shot") << ": no timeout recorded";
+    EXPECT_EQ(t.code, static_cast<uint32_t>(kWaitTimeout));
+    EXPECT_EQ(t.peer, 1) << (two_shot ? "two-shot" : "one-shot");
+    EXPECT_TRUE(two_shot ? (t.protocol == kProtoTwoShotOwner || t.protocol == kProtoTwoShotReduced)
+                         : t.protocol == kProtoOneShot) << "protocol " << t.protocol;
+    EXPECT_GE(t.row, 0);
+    EXPECT_LT(t.row, kCap);
+  }
 }
 
 // The all-gather at tp ranks on one GPU: every size class, 0x80000000 words (they arrive as 0),
