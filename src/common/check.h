@@ -37,7 +37,8 @@ inline bool env_int(const char* name, long long lo, long long hi, long long* out
   if (v == nullptr || *v == '\0') return false;
   char* end = nullptr;
   const long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0' || x < lo || x > hi) {
+  const bool digits = (*v >= '0' && *v <= '9') || (*v == '-' && v[1] >= '0' && v[1] <= '9');
+  if (!digits || *end != '\0' || x < lo || x > hi) {
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected an integer in [" + std::to_string(lo) +
                                                  ", " + std::to_string(hi) + "], got '" + v + "'");
   }

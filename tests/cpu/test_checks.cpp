@@ -1,12 +1,14 @@
 // Every argument error of SPEC.md raises mhccl::Error with a message naming the argument, what
 // was expected and what was given — before anything could be launched (no GPU here).
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/check.h"
 #include "common/tensor_desc.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
@@ -472,6 +474,41 @@ TEST(AllGatherChecks, CallErrors) {
   Desc in_strided(addr(0x1000), kF32, {4, 4});
   in_strided.with_strides({8, 1});
   EXPECT_TRUE(check_all_gather_call(4096, 2, 0, in_strided.t, out.t));
+}
+
+}  // namespace
+}  // namespace mhccl
+
+namespace mhccl {
+namespace {
+
+// The launch-shape overrides of the environment (MHCCL_STREAMING_MIN_ROWS, ...): a bad value
+// is refused with the variable's name, never read as 0 or clamped.
+TEST(EnvOverrides, IntegersInRangeOnly) {
+  constexpr const char* kName = "MHCCL_TEST_ENV_INT";
+  long long v = 7;
+  ::unsetenv(kName);
+  EXPECT_FALSE(detail::env_int(kName, -1, 100, &v));
+  EXPECT_EQ(v, 7);
+  ::setenv(kName, "", 1);
+  EXPECT_FALSE(detail::env_int(kName, -1, 100, &v));
+  ::setenv(kName, "-1", 1);
+  EXPECT_TRUE(detail::env_int(kName, -1, 100, &v));
+  EXPECT_EQ(v, -1);
+  ::setenv(kName, "100", 1);
+  EXPECT_TRUE(detail::env_int(kName, -1, 100, &v));
+  EXPECT_EQ(v, 100);
+  for (const char* bad : {"-2", "101", "abc", "12x", "1e3", " 5"}) {
+    ::setenv(kName, bad, 1);
+    try {
+      detail::env_int(kName, -1, 100, &v);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(kName), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv(kName);
 }
 
 }  // namespace
