@@ -120,7 +120,10 @@ struct AllReduceMHCFinalizeArgs {
 // Constructed collectively over the communicator's group (every rank, same config). Calls are
 // stream-ordered and graph-capturable; every rank must issue the same sequence of calls with
 // the same M. Outputs are written into the caller's tensors. Arguments are checked before the
-// first launch (Error(kInvalidArgument/kUnsupported)); a rejected call changes no state.
+// first launch (Error(kInvalidArgument/kUnsupported)); a rejected call changes no state. A
+// kernel launch that fails (Error(kCuda)) after the call's first launch went out leaves this
+// rank's protocol state behind its peers': the communicator is then unusable (kUnusable on every
+// later call) until it and its ops are rebuilt.
 class AllReduceMHC {
  public:
   AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config);

@@ -331,13 +331,14 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
   }
 }
 
-// The error sink of a consumer's wait for a row from `peer`. A two-shot row this rank owns
-// comes from this rank's own owner reduce, which stalls only while it waits for a peer: that
-// wait gets twice the budget here, so the owner's wait expires first and its record names the
-// peer that stalled (the expiry stops every other wait of the communicator).
-__device__ __forceinline__ ErrorSink consumer_sink(const ConsumerParams& p, int peer) {
+// The error sink of a consumer's wait. A two-shot reduced row comes from an owner's reduce,
+// which stalls only while the owner waits for a rank's contribution: the consumers' waits get
+// twice the budget, so an owner's wait (this rank's own among them, whose owners wait for the
+// same stalled rank) expires first and the record names the rank that stalled, not the owner
+// that waited for it (the expiry stops every other wait of the communicator).
+__device__ __forceinline__ ErrorSink consumer_sink(const ConsumerParams& p) {
   ErrorSink e = p.err;
-  if (p.nslots == 1 && peer == p.rank) e.timeout_ns *= 2;
+  if (p.nslots == 1) e.timeout_ns *= 2;
   return e;
 }
 
@@ -437,7 +438,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       for (int r = 0; r < kMaxTp; ++r) {
         if (r >= p.nslots) continue;
         const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p, peer),
+        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p),
                              WaitSite{p.protocol, peer, g.current, row});
         float f[8];
         unpack_bf16(v[r], f);
@@ -647,7 +648,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
         uint4 v = st[(HC + r) * threads + pack];
         if constexpr (IN == ConsumerInput::kPoll) {
           const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p, peer),
+          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
                                WaitSite{p.protocol, peer, gen, row});
         }
         float f[8];

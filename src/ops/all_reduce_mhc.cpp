@@ -114,7 +114,7 @@ struct AllReduceMHC::Impl {
         throw Error(ErrorCode::kUnsupported,
                     std::string("protocol ") + protocol_name(forced) +
                         ": peers are not load/store reachable (or the NCCL fallback is forced); "
-                        "only the NCCL fallback runs here");
+                        "only the NCCL fallback (at TP=1: the direct path) runs here");
       }
       return Protocol::kNccl;
     }
@@ -197,6 +197,26 @@ struct AllReduceMHC::Impl {
     const bool pdl = cfg.enable_pdl;
     const uint32_t op = finalize ? kernels::kOpAllReduceFinalize : kernels::kOpAllReduceCall;
 
+    // A Lamport call whose first launch went out and a later one failed has this rank's
+    // protocol state (the generation the publish used, not advanced) behind its peers': every
+    // later call would wait for data that never comes. The communicator is made unusable then,
+    // so the error surfaces now and the op is rebuilt, instead of timing out later.
+    bool first_out = false;
+    PublishParams pp = {};
+    auto launched = [&](cudaError_t status, const char* what) {
+      if (status == cudaSuccess) {
+        first_out = true;
+        return;
+      }
+      if (first_out && pp.state != nullptr) {
+        c.unusable = true;
+        c.unusable_reason = std::string(what) + " failed after this call's first launch (" +
+                            cudaGetErrorName(status) + "): this rank's Lamport state is behind its peers'; "
+                            "destroy the communicator and its ops and build them again";
+      }
+      detail::check_cuda(status, what);
+    };
+
     ConsumerParams cp = {};
     cp.residual = data_of(e.residual);
     cp.post = static_cast<const float*>(data_of(e.post));
@@ -221,7 +241,6 @@ struct AllReduceMHC::Impl {
     const int vi = static_cast<int>(variant);
     cp.streaming_ctas = streaming_ctas[0][vi];
 
-    PublishParams pp = {};
     pp.x = finalize ? nullptr : data_of(x);
     if (finalize) {
       pp.fin.gemm2 = data_of(fin->gemm2_permuted);
@@ -272,7 +291,7 @@ struct AllReduceMHC::Impl {
         cp.publish_first = true;
       } else if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = 0;  // a publish kernel, then a CTA per row
-        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
+        launched(kernels::launch_publish(pp, stream, pdl), "launch of the one-shot publish");
         cp.wait_predecessor = false;
       }  // else: the streaming consumer's first CTAs publish (it waits for the call's inputs)
     } else if (proto == Protocol::kTwoShot) {
@@ -309,10 +328,10 @@ struct AllReduceMHC::Impl {
       cp.reducer_ctas = reducer_ctas;
       if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = cp.reducer_ctas = 0;
-        MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
-        MHCCL_CUDA(kernels::launch_owner_reduce(orp, stream, pdl));
+        launched(kernels::launch_publish(pp, stream, pdl), "launch of the two-shot publish");
+        launched(kernels::launch_owner_reduce(orp, stream, pdl), "launch of the two-shot owners' reduce");
         cp.wait_predecessor = false;
-        // The consumer streams after the owners' reduce where M exceeds its whole grid.
+        // The consumer after them streams only where streaming_min_rows asks (with no roles).
       }
     } else {  // NCCL fallback: all-reduce the BF16 rows, then the same consumer on them
       ensure_fallback_rows(stream);
@@ -328,7 +347,7 @@ struct AllReduceMHC::Impl {
       input = ConsumerInput::kDirect;
       cp.in = fallback_rows;
     }
-    MHCCL_CUDA(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl));
+    launched(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl), "launch of the consumer");
   }
 };
 
