@@ -179,13 +179,14 @@ void check_all_reduce(Ctx& c) {
   AllReduceMHC op(*c.comm, cfg);
   CallBuffers b(256, kH, kHc, kTopK);
   uint64_t seed = 77;
-  auto one = [&](const Problem& p, Variant v, Protocol proto, uint64_t* hash) {
+  auto run_on = [&](AllReduceMHC& target, CallBuffers& buf, const Problem& p, Variant v, Protocol proto,
+                    uint64_t* hash) {
     std::string err;
     try {
-      testing::upload(p, c.rank, b);
-      testing::launch(op, p, v, proto, b, c.device, c.stream);
+      testing::upload(p, c.rank, buf);
+      testing::launch(target, p, v, proto, buf, c.device, c.stream);
       c.sync();
-      const testing::Outputs got = testing::download(p, v, b);
+      const testing::Outputs got = testing::download(p, v, buf);
       err = testing::check(p, v, got);
       if (hash) *hash = got.hash();
       if (err.empty() && !c.same_on_all_ranks(got.hash())) err = "ranks differ";
@@ -195,6 +196,7 @@ void check_all_reduce(Ctx& c) {
     }
     return err;
   };
+  auto one = [&](const Problem& p, Variant v, Protocol proto, uint64_t* hash) { return run_on(op, b, p, v, proto, hash); };
   for (bool fin : {false, true}) {
     const std::string op_name = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
     for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
@@ -216,6 +218,24 @@ void check_all_reduce(Ctx& c) {
       }
       if (err.empty() && (h[0] != h[1] || h[0] != h[2])) err = "protocols give different bits";
       c.verdict(op_name, "tp=" + std::to_string(c.tp) + " mxfp8 M=64 one-shot = two-shot = nccl", err);
+    }
+  }
+  // The large-M path the timing below takes by default: the streaming call (TP > 1: one grid
+  // that publishes and consumes; TP=1: the streaming direct consumer), every variant.
+  {
+    constexpr int64_t kM = 1024;
+    AllReduceMHCConfig big = dsv41_config(kM);
+    big.two_shot_min_rows = big.two_shot_min_finalize_rows = kM + 1;
+    AllReduceMHC large(*c.comm, big);
+    CallBuffers lb(kM, kH, kHc, kTopK);
+    for (bool fin : {false, true}) {
+      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+        const Problem p = testing::make_problem(seed++, kM, kH, kHc, c.tp, fin, kTopK);
+        const std::string err = run_on(large, lb, p, v, Protocol::kAuto, nullptr);
+        c.verdict(fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call",
+                  "tp=" + std::to_string(c.tp) + " " + variant_key(v) + " M=1024 " +
+                      protocol_name(large.protocol_for(kM, fin)) + " (streaming)", err);
+      }
     }
   }
 }
