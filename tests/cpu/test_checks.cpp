@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/check.h"
+#include "kernels/launch.h"
 #include "common/tensor_desc.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
@@ -509,6 +510,60 @@ TEST(EnvOverrides, IntegersInRangeOnly) {
     }
   }
   ::unsetenv(kName);
+}
+
+}  // namespace
+}  // namespace mhccl
+
+namespace mhccl {
+namespace {
+
+// The launch choice of the consumer (kernels::consumer_streams, host code): which calls run as
+// the streaming grid. A function of the params only, so every rank decides alike (I7).
+TEST(LaunchChoice, StreamingConsumerRules) {
+  using kernels::ConsumerInput;
+  kernels::ConsumerParams p = {};
+  p.tiling = kernels::RowTiling{1, 640, 640};
+  p.streaming_ctas = 132;
+  p.streaming_min_rows = -1;
+  auto streams = [&](int64_t m, ConsumerInput in) {
+    p.m = m;
+    return kernels::consumer_streams(p, in);
+  };
+  // Direct (TP=1 call, NCCL fallback): automatic when M exceeds the grid.
+  EXPECT_FALSE(streams(132, ConsumerInput::kDirect));
+  EXPECT_TRUE(streams(133, ConsumerInput::kDirect));
+  EXPECT_FALSE(streams(4096, ConsumerInput::kFinalize));  // TP=1 finalize never streams
+  // One-shot with its publishing CTAs: automatic from kPollStreamingMinRows.
+  p.publisher_ctas = 16;
+  EXPECT_FALSE(streams(kernels::kPollStreamingMinRows - 1, ConsumerInput::kPoll));
+  EXPECT_TRUE(streams(kernels::kPollStreamingMinRows, ConsumerInput::kPoll));
+  p.publish_first = true;  // a single launch never streams
+  EXPECT_FALSE(streams(4096, ConsumerInput::kPoll));
+  p.publish_first = false;
+  // Two-shot (contributions given): never automatic; when asked, like the others.
+  int dummy = 0;
+  p.contributions = &dummy;
+  p.reducer_ctas = 16;
+  EXPECT_FALSE(streams(8192, ConsumerInput::kPoll));
+  p.streaming_min_rows = 2;
+  EXPECT_TRUE(streams(2, ConsumerInput::kPoll));
+  EXPECT_FALSE(streams(1, ConsumerInput::kPoll));  // a single row never streams
+  // The role CTAs must leave consumers in the grid; rows wider than a CTA and a grid that
+  // cannot run (0) never stream; 0 rows asked: never.
+  p.streaming_ctas = 32;
+  EXPECT_FALSE(streams(100, ConsumerInput::kPoll));
+  p.streaming_ctas = 33;
+  EXPECT_TRUE(streams(100, ConsumerInput::kPoll));
+  p.tiling.ctas_per_row = 2;
+  EXPECT_FALSE(streams(100, ConsumerInput::kPoll));
+  p.tiling.ctas_per_row = 1;
+  p.streaming_ctas = 0;
+  p.publisher_ctas = p.reducer_ctas = 0;
+  EXPECT_FALSE(streams(100, ConsumerInput::kDirect));
+  p.streaming_ctas = 132;
+  p.streaming_min_rows = 0;
+  EXPECT_FALSE(streams(100000, ConsumerInput::kDirect));
 }
 
 }  // namespace
