@@ -177,7 +177,7 @@ struct ConsumerParams {
   // op's minimum over the ranks, agreed at construction: launch shapes never depend on a
   // per-rank query); 0: it does not run.
   int streaming_ctas;
-  // kPoll, streaming: the grid's first publisher_ctas CTAs publish this rank's rows (no publish
+  // kPoll, streaming: the first publisher_ctas CTAs to arrive publish this rank's rows (no publish
   // kernel before it; one-shot into `targets`, two-shot into the owners' `targets`, as
   // PublishParams kOwner), then reducer_ctas CTAs (two-shot only) reduce this rank's owned rows
   // of `contributions` into every rank's reduced buffer `reduced` (rotated, as

@@ -320,7 +320,7 @@ struct AllReduceMHC::Impl {
       cp.state = &states[1];
       cp.protocol = kernels::kProtoTwoShotReduced;
       cp.streaming_ctas = streaming_ctas[2][vi];
-      // Streaming: one launch whose first CTAs publish, the next reduce the owned rows, the
+      // Streaming: one launch whose first CTAs to arrive publish, the next reduce the owned rows, the
       // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
       for (int r = 0; r < c.tp; ++r) cp.targets[r] = pp.targets[r];
       for (int i = 0; i < c.tp; ++i) cp.reduced[i] = orp.reduced[i];

@@ -254,7 +254,7 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
 }
 
 // TP=1 with lamport_self_test: the one-shot (single launch, publish + CTA-per-row consumer,
-// the streaming consumer whose first CTAs publish) and the two-shot (publish, owner reduce,
+// the streaming consumer whose first CTAs to arrive publish) and the two-shot (publish, owner reduce,
 // both consumers) run through the rank's own mailbox, many calls in a row (generations and
 // resets cycle), and give the bits of the direct path. At TP > 1 the other tests run them.
 TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
