@@ -58,6 +58,28 @@ struct SimRank {
   cudaStream_t stream = nullptr;
 };
 
+// One error sink for every simulated rank, in device memory (the library's is host-mapped): an
+// expired wait fails a test with its record instead of hanging it.
+struct SimErrors {
+  SimErrors(uint64_t timeout_ns, uint32_t op) : records(2 * sizeof(ErrorRecord)), words(16) {
+    MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
+    MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+    sink.records = records.as<ErrorRecord>();
+    sink.claims = words.as<uint32_t>();
+    sink.abort_flag = words.as<uint32_t>() + 2;
+    sink.timeout_ns = timeout_ns;
+    sink.op = op;
+  }
+  // The timeout record (ready == 0: no wait expired).
+  ErrorRecord timeout() const {
+    ErrorRecord rec[2];
+    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
+    return rec[kTimeoutRecord];
+  }
+  DeviceBuffer records, words;
+  ErrorSink sink{};
+};
+
 // The kernels' parameters of rank r for problem p, as src/ops/all_reduce_mhc.cpp builds them
 // (rotated one-shot targets, owners' mailboxes, rotated reduced buffers), from the ranks' own
 // buffers; the path's launch shape is set by the caller.
@@ -159,19 +181,10 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
   constexpr int64_t kH = 5120, kCap = 300;
   constexpr int kHc = 4;
   const int np = static_cast<int>(kH / 8);
-  const int64_t owner_rows = (kCap + tp - 1) / tp;
   std::vector<std::unique_ptr<SimRank>> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(kCap, kH, kHc, tp));
-  // One error sink for all: a timeout (10 s) fails the test instead of hanging it.
-  DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
-  MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
-  MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
-  ErrorSink err{};
-  err.records = records.as<ErrorRecord>();
-  err.claims = words.as<uint32_t>();
-  err.abort_flag = words.as<uint32_t>() + 2;
-  err.timeout_ns = 10'000'000'000ull;
-  err.op = kOpAllReduceCall;
+  const SimErrors errors(10'000'000'000ull, kOpAllReduceCall);  // 10 s
+  const ErrorSink& err = errors.sink;
   // The streaming grid: this device's resident CTAs of the kernel, shared by the R ranks.
   const RowTiling big = row_tiling(np, kMaxSingleLaunchCtas + 1, kHc);
   const int publishers = tp >= 8 ? 4 : 8, reducers = tp >= 8 ? 4 : 8;
@@ -228,11 +241,10 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
           }
           each([&](int r) { return launch_consumer(cps[r], kHc, ConsumerInput::kPoll, cv, ranks[r]->stream, true); });
           ++calls[two_shot ? 1 : 0];
-          ErrorRecord rec[2];
-          MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
-          ASSERT_EQ(rec[kTimeoutRecord].ready, 0u)
+          const ErrorRecord expired = errors.timeout();
+          ASSERT_EQ(expired.ready, 0u)
               << "a wait expired: tp=" << tp << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
-              << " M=" << m << ": peer " << rec[kTimeoutRecord].peer << " row " << rec[kTimeoutRecord].row;
+              << " M=" << m << ": peer " << expired.peer << " row " << expired.row;
           for (int r = 0; r < tp; ++r) {
             const Outputs got = testing::download(p, v, ranks[r]->buf);
             EXPECT_EQ(testing::check(p, v, got), "")
@@ -275,22 +287,14 @@ TEST(SimulatedRanksTimeout, StreamingWaitExpiresNamingThePeer) {
   for (int r = 0; r < kTp; ++r) ranks.push_back(std::make_unique<SimRank>(kCap, kH, 4, kTp));
   const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, 4);
   for (const bool two_shot : {false, true}) {
-    DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
-    MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
-    MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
-    ErrorSink err{};
-    err.records = records.as<ErrorRecord>();
-    err.claims = words.as<uint32_t>();
-    err.abort_flag = words.as<uint32_t>() + 2;
-    err.timeout_ns = 200'000'000ull;  // 0.2 s
-    err.op = kOpAllReduceCall;
+    const SimErrors errors(200'000'000ull, kOpAllReduceCall);  // 0.2 s
     const Problem p = testing::make_problem(95000 + two_shot, kCap, kH, 4, kTp, false);
     testing::upload(p, 0, ranks[0]->buf);
     MHCCL_TEST_CUDA(cudaDeviceSynchronize());
     PublishParams pp;
     OwnerReduceParams orp;
     ConsumerParams cp;
-    build_params(ranks, 0, p, Variant::kPlain, two_shot, err, pp, orp, cp);
+    build_params(ranks, 0, p, Variant::kPlain, two_shot, errors.sink, pp, orp, cp);
     cp.tiling = big;
     cp.streaming_min_rows = 1;
     cp.streaming_ctas = streaming_consumer_resident_ctas(4, ConsumerInput::kPoll, ConsumerVariant::kPlain,
@@ -303,9 +307,7 @@ TEST(SimulatedRanksTimeout, StreamingWaitExpiresNamingThePeer) {
     MHCCL_TEST_CUDA(cudaStreamSynchronize(ranks[0]->stream));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(s, 5.0) << (two_shot ? "two-shot" : "one-shot");
-    ErrorRecord rec[2];
-    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
-    const ErrorRecord& t = rec[kTimeoutRecord];
+    const ErrorRecord t = errors.timeout();
     EXPECT_EQ(t.ready, 1u) << (two_shot ? "two-shot" : "one-shot") << ": no timeout recorded";
     EXPECT_EQ(t.code, static_cast<uint32_t>(kWaitTimeout));
     EXPECT_EQ(t.peer, 1) << (two_shot ? "two-shot" : "one-shot");
@@ -337,15 +339,7 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
     k.out = DeviceBuffer(static_cast<size_t>(kCap * tp));
     MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
   }
-  DeviceBuffer records(2 * sizeof(ErrorRecord)), words(16);
-  MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
-  MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
-  ErrorSink err{};
-  err.records = records.as<ErrorRecord>();
-  err.claims = words.as<uint32_t>();
-  err.abort_flag = words.as<uint32_t>() + 2;
-  err.timeout_ns = 10'000'000'000ull;
-  err.op = kOpAllGather;
+  const SimErrors errors(10'000'000'000ull, kOpAllGather);  // 10 s
   std::mt19937_64 rng(7000 + tp);
   const int64_t sizes[] = {16, 48, 4096, 65536, kCap, 16, 1 << 18, 4096, 48};
   int calls = 0;
@@ -374,14 +368,12 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
       p.packs = bytes / 16;
       p.capacity_packs = kCap / 16;
       p.state = ranks[r].state.as<LamportState>();
-      p.err = err;
+      p.err = errors.sink;
       for (int k = 0; k < tp; ++k) p.mailboxes[k] = ranks[(r + k) % tp].mailbox.get();
       MHCCL_TEST_CUDA(launch_all_gather(p, ranks[r].stream, true));
     }
     MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-    ErrorRecord rec[2];
-    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
-    ASSERT_EQ(rec[kTimeoutRecord].ready, 0u) << "a wait expired: tp=" << tp << " " << bytes << " B";
+    ASSERT_EQ(errors.timeout().ready, 0u) << "a wait expired: tp=" << tp << " " << bytes << " B";
     for (int r = 0; r < tp; ++r) {
       std::vector<uint32_t> got(want.size());
       MHCCL_TEST_CUDA(cudaMemcpy(got.data(), ranks[r].out.get(), got.size() * 4, cudaMemcpyDeviceToHost));
