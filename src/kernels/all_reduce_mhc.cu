@@ -188,11 +188,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   if (p.dest == PublishDest::kAllRanks) {
     store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
   } else {  // kOwner
-    const int owner = static_cast<int>(rp.row % p.tp);
-    void* base = p.targets[0];
-#pragma unroll
-    for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
-    st_volatile(static_cast<uint4*>(base) +
+    st_volatile(static_cast<uint4*>(owner_target(p.targets, static_cast<int>(rp.row % p.tp))) +
                     mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row / p.tp, p.np, rp.pack), v);
   }
 }
@@ -494,11 +490,8 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
     if (!two_shot) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
     } else {
-      const int owner = static_cast<int>(row % p.tp);
-      void* base = p.targets[0];
-#pragma unroll
-      for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? p.targets[i] : base;
-      st_volatile(static_cast<uint4*>(base) + mailbox_offset(gen, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
+      st_volatile(static_cast<uint4*>(owner_target(p.targets, static_cast<int>(row % p.tp))) +
+                      mailbox_offset(gen, p.tp, p.rank, p.owner_rows, row / p.tp, p.np, pack), v);
     }
   };
   if constexpr (!kFin) {

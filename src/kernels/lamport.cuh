@@ -93,6 +93,15 @@ __device__ __forceinline__ void store_to_ranks(void* const (&targets)[kMaxTp], i
   }
 }
 
+// targets[owner] of a kernel-parameter array, selected with compile-time indices only (a
+// runtime index would copy the array out of parameter space): the two-shot owner's mailbox.
+__device__ __forceinline__ void* owner_target(void* const (&targets)[kMaxTp], int owner) {
+  void* base = targets[0];
+#pragma unroll
+  for (int i = 1; i < kMaxTp; ++i) base = (i == owner) ? targets[i] : base;
+  return base;
+}
+
 // --- Errors ----------------------------------------------------------------------------------
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,
