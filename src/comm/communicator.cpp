@@ -259,23 +259,22 @@ std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uin
   if (im.tp == 1) {  // no peer: plain device memory, its own (only) peer entry
     MHCCL_CUDA(cudaMalloc(&st.ptr, size));
     st.plain = true;
-    MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
-    MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf->peers_device_), sizeof(void*)));
-    MHCCL_CUDA(cudaMemcpyAsync(buf->peers_device_, &st.ptr, sizeof(void*), cudaMemcpyHostToDevice, im.setup_stream));
-    MHCCL_CUDA(cudaStreamSynchronize(im.setup_stream));
-    st.peers = {st.ptr};
-    buf->local_ = st.ptr;
-    buf->bytes_ = size;
-    return buf;
+  } else {
+    MHCCL_NCCL(ncclMemAlloc(&st.ptr, size));
+    MHCCL_NCCL(ncclCommWindowRegister(im.comm, st.ptr, size, &st.window, NCCL_WIN_COLL_SYMMETRIC));
   }
-  MHCCL_NCCL(ncclMemAlloc(&st.ptr, size));
-  MHCCL_NCCL(ncclCommWindowRegister(im.comm, st.ptr, size, &st.window, NCCL_WIN_COLL_SYMMETRIC));
   MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
   MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf->peers_device_), im.tp * sizeof(void*)));
-  MHCCL_CUDA(comm::launch_peer_table(st.window, im.tp, buf->peers_device_, im.setup_stream));
   st.peers.resize(im.tp);
-  MHCCL_CUDA(cudaMemcpyAsync(st.peers.data(), buf->peers_device_, im.tp * sizeof(void*),
-                             cudaMemcpyDeviceToHost, im.setup_stream));
+  if (st.plain) {
+    st.peers[0] = st.ptr;
+    MHCCL_CUDA(cudaMemcpyAsync(buf->peers_device_, st.peers.data(), sizeof(void*), cudaMemcpyHostToDevice,
+                               im.setup_stream));
+  } else {
+    MHCCL_CUDA(comm::launch_peer_table(st.window, im.tp, buf->peers_device_, im.setup_stream));
+    MHCCL_CUDA(cudaMemcpyAsync(st.peers.data(), buf->peers_device_, im.tp * sizeof(void*),
+                               cudaMemcpyDeviceToHost, im.setup_stream));
+  }
   im.barrier();  // every rank's fill is done before any peer can store into it
   for (int r = 0; r < im.tp; ++r) {
     if (st.peers[r] == nullptr) {
