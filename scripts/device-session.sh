@@ -84,6 +84,13 @@ if [[ " $stages " == *" sanitize "* ]]; then
   }
   if [[ " ${SAN_TOOLS:-memcheck racecheck synccheck} " == *" memcheck "* ]]; then
     for tp in ${SAN_TPS:-$(seq 1 $N)}; do san memcheck $tp "$(echo "$SAN_FILTER" | sed "s/\([^:]*\)/\1tp$tp/g")"; done
+    # TP = 2, 4 and 8 simulated on one GPU (the phased path only: its kernels wait for no kernel
+    # beside them): out-of-bounds accesses of the rank-dependent indexing at every tp.
+    stamp "compute-sanitizer --tool memcheck: simulated ranks (phased)"
+    MHCCL_SIM_PHASED_ONLY=1 timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool memcheck --report-api-errors no \
+      --error-exitcode 9 --print-limit 20 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 \
+      --gtest_filter='*SimulatedRanks.EveryProtocolPathAgainstReference*' > "$OUT/sanitize-memcheck-simulated.log" 2>&1
+    echo "sanitize memcheck simulated rc=$?"; grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED|simulated TP" "$OUT/sanitize-memcheck-simulated.log" | head -8
   fi
   RS_FILTER=${RS_FILTER:-*Dsv41EveryVariantEveryM*:*StreamingConsumerEqualsRowPerCta*:*ProtocolsGiveIdenticalBits*:*AllGather.SizesAgainstReference*}
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do

@@ -64,7 +64,7 @@ void init_common(Communicator::Impl& im) {
   }
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
-  MHCCL_CUDA(cudaMalloc(&im.barrier_word, sizeof(int)));
+  MHCCL_CUDA(cudaMalloc(&im.setup_words, Communicator::Impl::kSetupWords * sizeof(int)));
   MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.record), 2 * sizeof(kernels::ErrorRecord),
                            cudaHostAllocMapped));
   std::memset(im.record, 0, 2 * sizeof(kernels::ErrorRecord));
@@ -94,7 +94,7 @@ Communicator::Impl::~Impl() {
   if (record) cudaFreeHost(record);
   record = nullptr;
   if (device_words) cudaFree(device_words);
-  if (barrier_word) cudaFree(barrier_word);
+  if (setup_words) cudaFree(setup_words);
   if (setup_stream) cudaStreamDestroy(setup_stream);
   if (owns_comm && comm) ncclCommDestroy(comm);
   for (void* p : orphaned) ncclMemFree(p);
@@ -160,13 +160,19 @@ void Communicator::Impl::check(bool report_routes) {
                   std::to_string(e.value) + ", outside [-1, rows of gemm2_permuted); that route was skipped");
 }
 
-void Communicator::Impl::barrier() {
+void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op) {
   detail::DeviceGuard guard(device);
-  MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
   if (tp > 1) {
-    MHCCL_NCCL(ncclAllReduce(barrier_word, barrier_word, 1, ncclInt32, ncclSum, comm, setup_stream));
+    MHCCL_CUDA(cudaMemcpyAsync(setup_words, values, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
+    MHCCL_NCCL(ncclAllReduce(setup_words, setup_words, n, ncclInt32, op, comm, setup_stream));
+    MHCCL_CUDA(cudaMemcpyAsync(values, setup_words, n * sizeof(int), cudaMemcpyDeviceToHost, setup_stream));
   }
   MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+}
+
+void Communicator::Impl::barrier() {
+  int word[1] = {0};
+  all_reduce_ints(word, ncclSum);
 }
 
 Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,

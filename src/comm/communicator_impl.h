@@ -20,7 +20,8 @@ struct Communicator::Impl {
   CommunicatorOptions options;
   bool reachable = false;
   cudaStream_t setup_stream = nullptr;  // construction-time work (fills, peer tables, barriers)
-  int* barrier_word = nullptr;          // device int for the construction barrier
+  static constexpr int kSetupWords = 16;
+  int* setup_words = nullptr;           // device ints for the construction-time all-reduces
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
@@ -48,6 +49,15 @@ struct Communicator::Impl {
   // without: a call must never be dropped on one rank only because of a non-fatal report that
   // one rank happened to see first, or the ranks' generations would part.
   void check(bool report_routes = false);
+  // `values` (host ints) reduced with `op` over the ranks, in place: an NCCL all-reduce on the
+  // setup stream, after the setup work queued there (collective; construction time only). At
+  // TP=1 the values stay.
+  template <int N>
+  void all_reduce_ints(int (&values)[N], ncclRedOp_t op) {
+    static_assert(N >= 1 && N <= kSetupWords, "at most kSetupWords values");
+    all_reduce_ints(values, N, op);
+  }
+  void all_reduce_ints(int* values, int n, ncclRedOp_t op);
   // Every rank's setup work done (collective; used at construction time only).
   void barrier();
 };

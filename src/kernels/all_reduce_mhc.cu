@@ -39,28 +39,56 @@ __device__ __forceinline__ void load_route_group(const FinalizeInputs& f, int64_
   }
 }
 
-// acc += w[j] * gemm2[route[j]] over the group in k order; bad routes skipped (and recorded).
-__device__ __forceinline__ void accumulate_route_group(const FinalizeInputs& f, int64_t row, int k0, int pack, int np,
-                                                       const RouteGroup& rg, float (&acc)[8], const ErrorSink& err,
-                                                       bool report) {
-  uint4 g[kFinalizeGroup];
+// The GEMM2 packs of a group's routes route_at(0 .. kFinalizeGroup - 1) that are in range, all
+// loads in flight together. route_at / weight_at read the group where it lies (registers, or
+// shared memory: read again where used instead of held in registers).
+template <class RouteAt>
+__device__ __forceinline__ void load_group_rows(const FinalizeInputs& f, int pack, int np, RouteAt route_at,
+                                                uint4 (&g)[kFinalizeGroup]) {
 #pragma unroll
   for (int j = 0; j < kFinalizeGroup; ++j) {
-    if (rg.route[j] >= 0 && rg.route[j] < f.gemm2_rows) {
-      g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(rg.route[j]) * np + pack);
+    const int32_t route = route_at(j);
+    if (route >= 0 && route < f.gemm2_rows) {
+      g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route) * np + pack);
     }
   }
+}
+
+// acc += weight_at(j) * pack_at(j) over the group of kGroup routes k0 .. in k order; bad routes
+// skipped (and recorded when `report`).
+template <int kGroup = kFinalizeGroup, class RouteAt, class WeightAt, class PackAt>
+__device__ __forceinline__ void fma_group_rows(const FinalizeInputs& f, int64_t row, int k0, RouteAt route_at,
+                                               WeightAt weight_at, PackAt pack_at, float (&acc)[8],
+                                               const ErrorSink& err, bool report) {
 #pragma unroll
-  for (int j = 0; j < kFinalizeGroup; ++j) {
-    if (rg.route[j] >= 0 && rg.route[j] < f.gemm2_rows) {
+  for (int j = 0; j < kGroup; ++j) {
+    const int32_t route = route_at(j);
+    if (route >= 0 && route < f.gemm2_rows) {
+      const float w = weight_at(j);
       float v[8];
-      unpack_bf16(g[j], v);
+      unpack_bf16(pack_at(j), v);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(rg.w[j], v[e], acc[e]);
-    } else if (report && rg.route[j] != -1 && k0 + j < f.top_k) {
-      record_error(err, kBadRoute, 0, -1, 0, row, rg.route[j]);
+      for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w, v[e], acc[e]);
+    } else if (report && route != -1 && k0 + j < f.top_k) {
+      record_error(err, kBadRoute, 0, -1, 0, row, route);
     }
   }
+}
+
+// acc (the shared expert's pack, as floats) += the route groups from k0 on, in k order; returns
+// bf16(acc).
+__device__ __forceinline__ uint4 finalize_groups(const FinalizeInputs& f, int64_t row, int pack, int np, int k0,
+                                                 float (&acc)[8], const ErrorSink& err, bool report) {
+  for (; k0 < f.top_k; k0 += kFinalizeGroup) {
+    RouteGroup rg;
+    load_route_group(f, row, k0, rg);
+    const auto route_at = [&](int j) { return rg.route[j]; };
+    uint4 g[kFinalizeGroup];
+    load_group_rows(f, pack, np, route_at, g);
+    fma_group_rows(f, row, k0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, err,
+                   report);
+  }
+  return pack_bf16(acc);
 }
 
 // x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
@@ -71,12 +99,7 @@ __device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t 
                                                int np, const ErrorSink& err, bool report) {
   float acc[8];
   unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
-  for (int k0 = 0; k0 < f.top_k; k0 += kFinalizeGroup) {
-    RouteGroup rg;
-    load_route_group(f, row, k0, rg);
-    accumulate_route_group(f, row, k0, pack, np, rg, acc, err, report);
-  }
-  return pack_bf16(acc);
+  return finalize_groups(f, row, pack, np, 0, acc, err, report);
 }
 
 // --- Reductions -----------------------------------------------------------------------------
@@ -474,6 +497,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all_but_newest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // Publishing CTA `index` of `count` of a streaming Lamport call: this rank's rows index + k *
 // count, one-shot into every rank's slot [gen][rank][row], two-shot (contributions given) into
@@ -523,38 +547,25 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
 #pragma unroll
       for (int j = 0; j < kFinalizeGroup; ++j) route[j] = j < f.top_k ? __ldg(f.routes + row * f.top_k + j) : -1;
     };
-    int32_t route[kFinalizeGroup];
-    if (index < p.m) load_routes(index, route);
+    RouteGroup rg;
+    if (index < p.m) load_routes(index, rg.route);
     for (int64_t row = index; row < p.m; row += count) {
-      uint4 g[kFinalizeGroup];
-      float w[kFinalizeGroup];
 #pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) {
-        w[j] = j < f.top_k ? __ldg(f.weights + row * f.top_k + j) : 0.0f;
-        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-          g[j] = ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route[j]) * np + pack);
-        }
-      }
+      for (int j = 0; j < kFinalizeGroup; ++j) rg.w[j] = j < f.top_k ? __ldg(f.weights + row * f.top_k + j) : 0.0f;
+      const auto route_at = [&](int j) { return rg.route[j]; };
+      uint4 g[kFinalizeGroup];
+      load_group_rows(f, pack, static_cast<int>(np), route_at, g);
       float acc[8];
       unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
       if (more) load_routes(row + count, next);
-#pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) {
-        if (route[j] >= 0 && route[j] < f.gemm2_rows) {
-          float v[8];
-          unpack_bf16(g[j], v);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = __fmaf_rn(w[j], v[e], acc[e]);
-        } else if (pack == 0 && route[j] != -1 && j < f.top_k) {
-          record_error(p.err, kBadRoute, 0, -1, 0, row, route[j]);
-        }
-      }
+      fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
+                     pack == 0);
       store(row, pack_bf16(acc));
       if (more) {
 #pragma unroll
-        for (int j = 0; j < kFinalizeGroup; ++j) route[j] = next[j];
+        for (int j = 0; j < kFinalizeGroup; ++j) rg.route[j] = next[j];
       }
     }
   } else if (active) {
@@ -577,19 +588,28 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, uint3
 // the next row's inputs, residual streams and mixes copied into shared memory (cp.async) while
 // the current one is computed. IN = kDirect: the input is x or the reduced rows; kPoll: the
 // nslots mailbox slots of generation `gen` (a pack still holding a sentinel lane once its copy
-// landed goes to the bounded wait).
+// landed goes to the bounded wait); kFinalize (TP=1): the input is the shared expert's row, and
+// the row's first kFinalizeGroup routes and weights come with it; the row's GEMM2 packs of those
+// routes are then copied into shared memory too (one buffer, no registers held), while the next
+// row's copies are in flight: one dependent round trip a row.
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t gen, int64_t first, int64_t step) {
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
-  extern __shared__ uint4 stage_packs[];    // [2][HC + inputs][blockDim.x]: residual streams, then inputs
+  // [2][HC + inputs][blockDim.x]: residual streams, then inputs; kFinalize then
+  // [kFinalizeGroup][blockDim.x]: the current row's GEMM2 packs (streaming_smem).
+  extern __shared__ uint4 stage_packs[];
   __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
   __shared__ float mixes[2][kMixes];
+  __shared__ int32_t routes[2][kFinalizeGroup];  // kFinalize: the row's first route group
+  __shared__ float weights[2][kFinalizeGroup];
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
   const bool active = pack < np;
   const int inputs = IN == ConsumerInput::kPoll ? p.nslots : 1;
+  const int routes_staged = IN == ConsumerInput::kFinalize ? min(p.fin.top_k, kFinalizeGroup) : 0;
   const int stage_stride = (HC + inputs) * threads;
+  uint4* const gemm2_packs = stage_packs + 2 * stage_stride;  // kFinalize
   const uint4* residual = static_cast<const uint4*>(p.residual);
   const uint4* in = static_cast<const uint4*>(p.in);
   const int64_t slot_packs = p.slot_rows * np;
@@ -606,6 +626,8 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
       for (int s = 0; s < HC; ++s) cp_async16(st + s * threads + pack, residual + (row * HC + s) * np + pack);
       if constexpr (IN == ConsumerInput::kPoll) {
         for (int r = 0; r < inputs; ++r) cp_async16(st + (HC + r) * threads + pack, slots + r * slot_packs + row * np + pack);
+      } else if constexpr (IN == ConsumerInput::kFinalize) {
+        cp_async16(st + HC * threads + pack, static_cast<const uint4*>(p.fin.shared) + row * np + pack);
       } else {
         cp_async16(st + HC * threads + pack, in + row * np + pack);
       }
@@ -614,6 +636,13 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
       if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
       else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
       else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
+    }
+    if constexpr (IN == ConsumerInput::kFinalize) {  // the last threads (the mixes' are the first)
+      const int j = threads - 1 - pack;
+      if (j < routes_staged) cp_async4(&routes[stage][j], p.fin.routes + row * p.fin.top_k + j);
+      else if (j - kFinalizeGroup >= 0 && j - kFinalizeGroup < routes_staged) {
+        cp_async4(&weights[stage][j - kFinalizeGroup], p.fin.weights + row * p.fin.top_k + (j - kFinalizeGroup));
+      }
     }
     cp_async_commit();
   };
@@ -626,23 +655,67 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
     // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
     // its last read of that stage's mixes, and reads only the packs it copied itself.
     const int64_t next = row + step;
-    if (next < p.m) prefetch(next, stage ^ 1);
-    else cp_async_commit();  // an empty group: "all but the newest" stays this row's
-    cp_async_wait_all_but_newest();
-    __syncthreads();  // the mixes other threads copied are visible
+    if constexpr (IN == ConsumerInput::kFinalize) {
+      // This row's stage first (its routes give the GEMM2 rows), then the GEMM2 packs, then the
+      // next row's stage; waiting for all but the newest group waits for the GEMM2 packs.
+      cp_async_wait_all();
+      __syncthreads();  // the routes, weights and mixes other threads copied are visible
+      if (active) {
+        for (int j = 0; j < routes_staged; ++j) {
+          const int32_t route = routes[stage][j];
+          if (route >= 0 && route < p.fin.gemm2_rows) {
+            cp_async16(gemm2_packs + j * threads + pack,
+                       static_cast<const uint4*>(p.fin.gemm2) + static_cast<int64_t>(route) * np + pack);
+          }
+        }
+      }
+      cp_async_commit();
+      if (next < p.m) prefetch(next, stage ^ 1);
+      else cp_async_commit();
+      cp_async_wait_all_but_newest();  // each thread reads only the GEMM2 packs it copied
+    } else {
+      if (next < p.m) prefetch(next, stage ^ 1);
+      else cp_async_commit();  // an empty group: "all but the newest" stays this row's
+      cp_async_wait_all_but_newest();
+      __syncthreads();  // the mixes other threads copied are visible
+    }
     const uint4* st = stage_packs + stage * stage_stride;
     uint4 res[HC];
     // y: the row's reduced pack, FP32 sum from +0.0 in slot (rank) order, rounded to BF16.
     float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (active) {
+      if constexpr (IN != ConsumerInput::kFinalize) {
 #pragma unroll
-      for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+        for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+      }
       for (int r = 0; r < inputs; ++r) {
         uint4 v = st[(HC + r) * threads + pack];
         if constexpr (IN == ConsumerInput::kPoll) {
           const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
           wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
                                WaitSite{p.protocol, peer, gen, row});
+        } else if constexpr (IN == ConsumerInput::kFinalize) {
+          // x = bf16(shared + sum_k w[k] * gemm2[route[k]]): finalize_pack's order and bits. The
+          // residual streams are read from shared memory only after it (registers).
+          float acc[8];
+          unpack_bf16(v, acc);
+          fma_group_rows(
+              p.fin, row, 0, [&](int j) { return j < routes_staged ? routes[stage][j] : -1; },
+              [&](int j) { return weights[stage][j]; }, [&](int j) { return gemm2_packs[j * threads + pack]; }, acc,
+              p.err, pack == 0);
+          // top_k > kFinalizeGroup (not DSV4.1's 6): the later routes one at a time (few
+          // registers: the loop above stays free of spills).
+          const int32_t* row_routes = p.fin.routes + row * p.fin.top_k;
+          const float* row_weights = p.fin.weights + row * p.fin.top_k;
+#pragma unroll 1
+          for (int k = kFinalizeGroup; k < p.fin.top_k; ++k) {
+            const int32_t route = __ldg(row_routes + k);
+            fma_group_rows<1>(
+                p.fin, row, k, [&](int) { return route; }, [&](int) { return __ldg(row_weights + k); },
+                [&](int) { return ld_input(static_cast<const uint4*>(p.fin.gemm2) + static_cast<int64_t>(route) * np + pack); },
+                acc, p.err, pack == 0);
+          }
+          v = pack_bf16(acc);
         }
         float f[8];
         unpack_bf16(v, f);
@@ -650,6 +723,10 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
         for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);  // -0.0 -> +0.0, as the protocols
       }
       unpack_bf16(pack_bf16(y), y);
+      if constexpr (IN == ConsumerInput::kFinalize) {
+#pragma unroll
+        for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
+      }
     }
     epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
     if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
@@ -663,8 +740,8 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
 // loads the next row during the current row's arithmetic, reductions and stores. Same
 // arithmetic as mhc_consumer_kernel, same bits.
 //
-// IN = kDirect (TP=1 call, the NCCL fallback's reduced rows): every CTA consumes, rows r,
-// r + gridDim.x, ...
+// IN = kDirect (TP=1 call, the NCCL fallback's reduced rows) and kFinalize (TP=1 finalize): every
+// CTA consumes, rows r, r + gridDim.x, ...
 // IN = kPoll (one-shot above the single launch, two-shot): one launch for the whole call. Each
 // CTA takes a ticket on arrival (the generation advance's, arrive_early); the first
 // publisher_ctas tickets publish this rank's rows in row order (one-shot: into every rank's
@@ -680,7 +757,6 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
 // separate kernel, so the call's kernel carries none of the finalize code and its registers).
 template <int HC, ConsumerInput IN, ConsumerVariant V, bool kFin = false>
 __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streaming_kernel(const ConsumerParams p) {
-  static_assert(IN == ConsumerInput::kDirect || IN == ConsumerInput::kPoll, "no streaming finalize at TP=1");
   if (p.wait_predecessor) pdl_wait();
   if constexpr (IN == ConsumerInput::kPoll) {
     __shared__ uint32_t role_ticket;
@@ -760,21 +836,24 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
   }
   return nullptr;
 }
-// finalize: a polling call whose publishing CTAs reduce the finalize inputs (kPoll only).
+// finalize: a polling call whose publishing CTAs reduce the finalize inputs (kPoll only; TP=1's
+// finalize is its own input, kFinalize).
 ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v, bool finalize) {
   switch (in) {
     case ConsumerInput::kDirect: return streaming_consumer_for<ConsumerInput::kDirect, false>(hc, v);
     case ConsumerInput::kPoll:
       return finalize ? streaming_consumer_for<ConsumerInput::kPoll, true>(hc, v)
                       : streaming_consumer_for<ConsumerInput::kPoll, false>(hc, v);
-    case ConsumerInput::kFinalize: return nullptr;
+    case ConsumerInput::kFinalize: return streaming_consumer_for<ConsumerInput::kFinalize, false>(hc, v);
   }
   return nullptr;
 }
 
-// Dynamic shared memory of the streaming consumer: 2 stages x (hc + inputs) packs a thread.
-size_t streaming_smem(int hc, int inputs, int threads) {
-  return static_cast<size_t>(2 * (hc + inputs) * threads) * sizeof(uint4);
+// Dynamic shared memory of the streaming consumer: 2 stages x (hc + inputs) packs a thread;
+// kFinalize also a buffer of kFinalizeGroup GEMM2 packs a thread.
+size_t streaming_smem(int hc, ConsumerInput input, int inputs, int threads) {
+  const int packs = 2 * (hc + inputs) + (input == ConsumerInput::kFinalize ? kFinalizeGroup : 0);
+  return static_cast<size_t>(packs * threads) * sizeof(uint4);
 }
 
 template <class Params>
@@ -820,7 +899,7 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 // across the ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
                                      int threads) {
-  const size_t smem = streaming_smem(hc, inputs, threads);
+  const size_t smem = streaming_smem(hc, input, inputs, threads);
   if (smem > kMaxStreamingSmem) return 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -846,7 +925,7 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
 }
 
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
-  if (input == ConsumerInput::kFinalize || p.tiling.ctas_per_row != 1 || p.streaming_min_rows == 0 ||
+  if (p.tiling.ctas_per_row != 1 || p.streaming_min_rows == 0 ||
       p.streaming_ctas <= p.publisher_ctas + p.reducer_ctas || p.m <= 1 ||
       (input == ConsumerInput::kPoll && p.publish_first)) {
     return false;
@@ -866,7 +945,7 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
     const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
     return launch_ex(streaming_consumer_for(hc, input, variant, p.x == nullptr), p, dim3(static_cast<unsigned>(grid)),
-                     dim3(static_cast<unsigned>(threads)), streaming_smem(hc, inputs, threads), stream, pdl);
+                     dim3(static_cast<unsigned>(threads)), streaming_smem(hc, input, inputs, threads), stream, pdl);
   }
   ConsumerFn fn = consumer_for(hc, input, variant);
   if (fn == nullptr) return cudaErrorInvalidValue;

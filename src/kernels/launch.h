@@ -46,8 +46,9 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl);
 // CTAs of the streaming consumer (ConsumerParams::streaming_ctas) resident at once on the
-// current device for an epilogue over hc streams with `inputs` input packs a thread (1: x or
-// reduced rows, tp: one-shot slots) at `threads` threads a CTA (0: it cannot run there). A
+// current device for an epilogue over hc streams with `inputs` input packs a thread (1: x,
+// reduced rows or, kFinalize, the shared expert's row; tp: one-shot slots) at `threads` threads
+// a CTA (0: it cannot run there). A
 // per-device query: the op agrees on one value across ranks at construction.
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
                                      int threads);

@@ -74,10 +74,10 @@ struct AllReduceMHC::Impl {
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
-  // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows) and
-  // variant (plain, mxfp8, residual_only): the minimum over the ranks of its CTAs resident at
-  // once, agreed at construction; 0: it does not run.
-  int streaming_ctas[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows;
+  // TP=1 finalize) and variant (plain, mxfp8, residual_only): the minimum over the ranks of its
+  // CTAs resident at once, agreed at construction; 0: it does not run.
+  int streaming_ctas[4][3] = {};
   // Streaming Lamport calls (one-shot above the single launch, two-shot): CTAs of the grid that
   // publish this rank's rows (call, finalize: finalize's publish gathers top_k GEMM2 rows a row
   // from HBM), and two-shot's CTAs of the owners' reduce.
@@ -143,11 +143,13 @@ struct AllReduceMHC::Impl {
   // registrations).
   void agree_streaming_grid(bool polls) {
     const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
-    int local[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int local[12] = {};
     if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream
       for (int v = 0; v < 3; ++v) {
         const auto variant = static_cast<ConsumerVariant>(v);
         local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kDirect, variant, 1, t.threads);
+        local[9 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kFinalize, variant, 1,
+                                                                  t.threads);
         if (polls) {  // one-shot reads tp slots a row, two-shot one reduced row
           local[3 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
                                                                     comm->tp, t.threads);
@@ -156,22 +158,8 @@ struct AllReduceMHC::Impl {
         }
       }
     }
-    Communicator::Impl& c = *comm;
-    if (c.tp > 1) {
-      int* words = nullptr;
-      MHCCL_CUDA(cudaMalloc(&words, sizeof(local)));
-      cudaError_t err = cudaMemcpyAsync(words, local, sizeof(local), cudaMemcpyHostToDevice, c.setup_stream);
-      ncclResult_t nerr = ncclSuccess;
-      if (err == cudaSuccess) nerr = ncclAllReduce(words, words, 9, ncclInt32, ncclMin, c.comm, c.setup_stream);
-      if (err == cudaSuccess && nerr == ncclSuccess) {
-        err = cudaMemcpyAsync(local, words, sizeof(local), cudaMemcpyDeviceToHost, c.setup_stream);
-      }
-      if (err == cudaSuccess) err = cudaStreamSynchronize(c.setup_stream);
-      cudaFree(words);
-      MHCCL_CUDA(err);
-      MHCCL_NCCL(nerr);
-    }
-    for (int i = 0; i < 3; ++i) {
+    comm->all_reduce_ints(local, ncclMin);
+    for (int i = 0; i < 4; ++i) {
       for (int v = 0; v < 3; ++v) streaming_ctas[i][v] = local[3 * i + v];
     }
   }
@@ -264,6 +252,7 @@ struct AllReduceMHC::Impl {
     if (c.tp == 1 && !self_mailbox(forced)) {
       if (finalize) {
         input = ConsumerInput::kFinalize;
+        cp.streaming_ctas = streaming_ctas[3][vi];
       } else {
         input = ConsumerInput::kDirect;
         cp.in = pp.x;

@@ -530,10 +530,11 @@ TEST(LaunchChoice, StreamingConsumerRules) {
     p.m = m;
     return kernels::consumer_streams(p, in);
   };
-  // Direct (TP=1 call, NCCL fallback): automatic when M exceeds the grid.
+  // Direct (TP=1 call and finalize, NCCL fallback): automatic when M exceeds the grid.
   EXPECT_FALSE(streams(132, ConsumerInput::kDirect));
   EXPECT_TRUE(streams(133, ConsumerInput::kDirect));
-  EXPECT_FALSE(streams(4096, ConsumerInput::kFinalize));  // TP=1 finalize never streams
+  EXPECT_FALSE(streams(132, ConsumerInput::kFinalize));
+  EXPECT_TRUE(streams(133, ConsumerInput::kFinalize));
   // One-shot with its publishing CTAs: automatic from kPollStreamingMinRows.
   p.publisher_ctas = 16;
   EXPECT_FALSE(streams(kernels::kPollStreamingMinRows - 1, ConsumerInput::kPoll));

@@ -224,7 +224,7 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
         for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
           if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
           for (bool fin : {false, true}) {
-            if (fin && (tp() == 1 || (m == 3 && v != Variant::kMxfp8))) continue;  // TP=1 finalize never streams
+            if (fin && m == 3 && v != Variant::kMxfp8) continue;
             const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), fin);
             const Outputs x = run(a, buf, p, v, proto, "streaming");
             const Outputs y = run(b, buf, p, v, proto, "row per CTA");
@@ -233,6 +233,25 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
                                           << protocol_name(proto);
           }
         }
+      }
+    }
+  }
+  // finalize with top_k beyond one route group of 8 (the streaming paths stage or prefetch the
+  // first group only) and with a single route.
+  for (const int top_k : {1, 10}) {
+    AllReduceMHCConfig streaming = config(5120, 4, 300, 301), per_row = streaming;
+    streaming.top_k = per_row.top_k = top_k;
+    streaming.two_shot_min_finalize_rows = per_row.two_shot_min_finalize_rows = 2;
+    streaming.streaming_min_rows = 1;
+    per_row.streaming_min_rows = 0;
+    AllReduceMHC a(comm(), streaming), b(comm(), per_row);
+    CallBuffers buf(300, 5120, 4, top_k);
+    for (const Protocol proto : protocols) {
+      for (int64_t m : {int64_t{2}, int64_t{133}, int64_t{300}}) {
+        const Problem p = testing::make_problem(72000 + top_k * 1000 + m, m, 5120, 4, tp(), true, top_k);
+        const Outputs x = run(a, buf, p, Variant::kMxfp8, proto, "streaming");
+        const Outputs y = run(b, buf, p, Variant::kMxfp8, proto, "row per CTA");
+        EXPECT_EQ(x.hash(), y.hash()) << "top_k=" << top_k << " M=" << m << " " << protocol_name(proto);
       }
     }
   }
