@@ -558,20 +558,33 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
 
 TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
   MHCCL_REQUIRE_TP(tp());
-  AllReduceMHC op(comm(), config(5120, 4, 16, 9));
-  CallBuffers b(16, 5120, 4, 6);
-  Problem p = testing::make_problem(50000, 5, 5120, 4, tp(), true);
-  for (auto& routes : p.routes) routes[7] = 1 << 20;  // row 1, route 1: far outside gemm2
-  run(op, b, p, Variant::kPlain, Protocol::kAuto, "bad route");
-  try {
-    comm().check_errors();
-    ADD_FAILURE() << "the bad route was not reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute) << e.what();
-    EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
+  // The CTA-per-row path (a single launch at TP > 1), and the streaming one (TP=1: the direct
+  // finalize consumer; TP > 1: the one-shot's publishing CTAs), the bad route in the first
+  // group of 8 and, at top_k = 10, beyond it.
+  struct Case { bool streaming; int top_k; };
+  for (const Case k : {Case{false, 6}, Case{true, 6}, Case{true, 10}}) {
+    AllReduceMHCConfig cfg = config(5120, 4, 16, 9);
+    cfg.top_k = k.top_k;
+    if (k.streaming) {
+      cfg.streaming_min_rows = 2;
+      cfg.single_launch_max_rows = 0;
+    }
+    AllReduceMHC op(comm(), cfg);
+    CallBuffers b(16, 5120, 4, k.top_k);
+    Problem p = testing::make_problem(50000 + k.top_k, 5, 5120, 4, tp(), true, k.top_k);
+    for (auto& routes : p.routes) routes[k.top_k + k.top_k - 1] = 1 << 20;  // row 1, last route: far outside gemm2
+    run(op, b, p, Variant::kPlain, Protocol::kAuto, "bad route");
+    try {
+      comm().check_errors();
+      ADD_FAILURE() << "the bad route was not reported: streaming " << k.streaming << " top_k " << k.top_k;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute) << e.what();
+      EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
+    }
+    comm().check_errors();  // reported once; the communicator stays usable
+    run(op, b, testing::make_problem(50100 + k.top_k, 5, 5120, 4, tp(), true, k.top_k), Variant::kPlain,
+        Protocol::kAuto, "after");
   }
-  comm().check_errors();  // reported once; the communicator stays usable
-  run(op, b, testing::make_problem(50001, 5, 5120, 4, tp(), true), Variant::kPlain, Protocol::kAuto, "after");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest, ::testing::Values(1, 2),
