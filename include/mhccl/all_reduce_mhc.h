@@ -70,9 +70,9 @@ struct AllReduceMHCConfig {
   // the same bits, more of the HBM bandwidth. For a one-shot or two-shot call (above the single
   // launch) it is the call's only launch: some of its CTAs publish this rank's rows (two-shot:
   // some reduce the owned rows) while the others consume, so the NVLink stores overlap the
-  // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, after the NCCL
-  // fallback's all-reduce) when M exceeds the CTAs resident at once; one-shot from 1024 rows;
-  // two-shot never (measured on one GPU so far: docs/PERFORMANCE.md).
+  // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, TP=1 finalize with
+  // top_k <= 8, after the NCCL fallback's all-reduce) when M exceeds the CTAs resident at once;
+  // one-shot from 1024 rows; two-shot never (measured on one GPU so far: docs/PERFORMANCE.md).
   int64_t streaming_min_rows = -1;
   // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
   // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the

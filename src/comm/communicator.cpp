@@ -161,6 +161,10 @@ void Communicator::Impl::check(bool report_routes) {
 }
 
 void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op) {
+  if (n < 1 || n > kSetupWords) {
+    throw Error(ErrorCode::kInvalidArgument, "all_reduce_ints (internal): expected 1 to " +
+                                                 std::to_string(kSetupWords) + " values, got " + std::to_string(n));
+  }
   detail::DeviceGuard guard(device);
   if (tp > 1) {
     MHCCL_CUDA(cudaMemcpyAsync(setup_words, values, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));

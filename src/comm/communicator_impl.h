@@ -50,8 +50,9 @@ struct Communicator::Impl {
   // one rank happened to see first, or the ranks' generations would part.
   void check(bool report_routes = false);
   // `values` (host ints) reduced with `op` over the ranks, in place: an NCCL all-reduce on the
-  // setup stream, after the setup work queued there (collective; construction time only). At
-  // TP=1 the values stay.
+  // setup stream, after the setup work queued there (collective; construction time only, from
+  // one host thread at a time, like every NCCL call on the communicator). At TP=1 the values
+  // stay.
   template <int N>
   void all_reduce_ints(int (&values)[N], ncclRedOp_t op) {
     static_assert(N >= 1 && N <= kSetupWords, "at most kSetupWords values");

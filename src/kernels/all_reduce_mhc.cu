@@ -596,7 +596,7 @@ template <int HC, ConsumerInput IN, ConsumerVariant V>
 __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t gen, int64_t first, int64_t step) {
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   // [2][HC + inputs][blockDim.x]: residual streams, then inputs; kFinalize then
-  // [kFinalizeGroup][blockDim.x]: the current row's GEMM2 packs (streaming_smem).
+  // [min(top_k, kFinalizeGroup)][blockDim.x]: the current row's GEMM2 packs (streaming_smem).
   extern __shared__ uint4 stage_packs[];
   __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
   __shared__ float mixes[2][kMixes];
@@ -850,9 +850,9 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v, b
 }
 
 // Dynamic shared memory of the streaming consumer: 2 stages x (hc + inputs) packs a thread;
-// kFinalize also a buffer of kFinalizeGroup GEMM2 packs a thread.
-size_t streaming_smem(int hc, ConsumerInput input, int inputs, int threads) {
-  const int packs = 2 * (hc + inputs) + (input == ConsumerInput::kFinalize ? kFinalizeGroup : 0);
+// kFinalize also a buffer of the first route group's GEMM2 packs, min(top_k, 8) a thread.
+size_t streaming_smem(int hc, ConsumerInput input, int inputs, int threads, int top_k) {
+  const int packs = 2 * (hc + inputs) + (input == ConsumerInput::kFinalize ? std::min(top_k, kFinalizeGroup) : 0);
   return static_cast<size_t>(packs * threads) * sizeof(uint4);
 }
 
@@ -898,8 +898,8 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 // Queried once per op, input and variant at construction (AllReduceMHC agrees on one value
 // across the ranks), with the kernel's dynamic shared memory allowed first (a function attribute).
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
-                                     int threads) {
-  const size_t smem = streaming_smem(hc, input, inputs, threads);
+                                     int threads, int top_k) {
+  const size_t smem = streaming_smem(hc, input, inputs, threads, top_k);
   if (smem > kMaxStreamingSmem) return 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -932,6 +932,9 @@ bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
   }
   const int roles = p.publisher_ctas + p.reducer_ctas;
   if (p.streaming_min_rows > 0) return p.m >= p.streaming_min_rows;
+  // Automatic TP=1 finalize: only where its routes fit the staged group (beyond it, one dependent
+  // round trip a route: not measured to pay).
+  if (input == ConsumerInput::kFinalize && p.fin.top_k > kFinalizeGroup) return false;
   if (input == ConsumerInput::kPoll) {  // automatic: one-shot from kPollStreamingMinRows, two-shot never
     return p.contributions == nullptr && p.m >= kPollStreamingMinRows;
   }
@@ -945,7 +948,7 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
     const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
     return launch_ex(streaming_consumer_for(hc, input, variant, p.x == nullptr), p, dim3(static_cast<unsigned>(grid)),
-                     dim3(static_cast<unsigned>(threads)), streaming_smem(hc, input, inputs, threads), stream, pdl);
+                     dim3(static_cast<unsigned>(threads)), streaming_smem(hc, input, inputs, threads, p.fin.top_k), stream, pdl);
   }
   ConsumerFn fn = consumer_for(hc, input, variant);
   if (fn == nullptr) return cudaErrorInvalidValue;

@@ -48,10 +48,10 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
 // CTAs of the streaming consumer (ConsumerParams::streaming_ctas) resident at once on the
 // current device for an epilogue over hc streams with `inputs` input packs a thread (1: x,
 // reduced rows or, kFinalize, the shared expert's row; tp: one-shot slots) at `threads` threads
-// a CTA (0: it cannot run there). A
+// a CTA (0: it cannot run there); kFinalize also holds min(top_k, 8) GEMM2 packs a thread. A
 // per-device query: the op agrees on one value across ranks at construction.
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
-                                     int threads);
+                                     int threads, int top_k = 0);
 // Whether launch_consumer runs the streaming consumer for these params (a function of the
 // params only, so the host knows whether a one-shot needs its publish kernel).
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);

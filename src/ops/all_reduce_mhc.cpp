@@ -149,7 +149,7 @@ struct AllReduceMHC::Impl {
         const auto variant = static_cast<ConsumerVariant>(v);
         local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kDirect, variant, 1, t.threads);
         local[9 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kFinalize, variant, 1,
-                                                                  t.threads);
+                                                                  t.threads, static_cast<int>(cfg.top_k));
         if (polls) {  // one-shot reads tp slots a row, two-shot one reduced row
           local[3 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
                                                                     comm->tp, t.threads);

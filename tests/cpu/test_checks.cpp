@@ -534,7 +534,13 @@ TEST(LaunchChoice, StreamingConsumerRules) {
   EXPECT_FALSE(streams(132, ConsumerInput::kDirect));
   EXPECT_TRUE(streams(133, ConsumerInput::kDirect));
   EXPECT_FALSE(streams(132, ConsumerInput::kFinalize));
+  p.fin.top_k = 6;
   EXPECT_TRUE(streams(133, ConsumerInput::kFinalize));
+  p.fin.top_k = 10;  // routes beyond the staged group of 8: only when asked
+  EXPECT_FALSE(streams(4096, ConsumerInput::kFinalize));
+  p.streaming_min_rows = 2;
+  EXPECT_TRUE(streams(2, ConsumerInput::kFinalize));
+  p.streaming_min_rows = -1;
   // One-shot with its publishing CTAs: automatic from kPollStreamingMinRows.
   p.publisher_ctas = 16;
   EXPECT_FALSE(streams(kernels::kPollStreamingMinRows - 1, ConsumerInput::kPoll));

@@ -9,6 +9,7 @@
 
 #include "common/tensor_desc.h"
 #include "gpu_env.h"
+#include "kernels/launch.h"
 #include "common/mhc_harness.h"
 #include "mhccl/checks.h"
 #include "mhccl/communicator.h"
@@ -219,6 +220,18 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
     AllReduceMHC a(comm(), streaming), b(comm(), per_row);
     CallBuffers buf(cap, sh.h, sh.hc, 6);
     uint64_t seed = 70000 + sh.h + sh.hc;
+    // Where a row fits one CTA, the streaming kernels can run here (else both sides would be
+    // the CTA-per-row path and the comparison would check nothing).
+    const kernels::RowTiling t = kernels::row_tiling(static_cast<int>(sh.h / 8), kernels::kMaxSingleLaunchCtas + 1, sh.hc);
+    if (t.ctas_per_row == 1) {
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kDirect,
+                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads), 0);
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kFinalize,
+                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads, 6), 0)
+          << "H=" << sh.h << " hc=" << sh.hc;
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kPoll,
+                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads), 0);
+    }
     for (const Protocol proto : protocols) {
       for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
         for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
@@ -558,31 +571,32 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
 
 TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
   MHCCL_REQUIRE_TP(tp());
-  // The CTA-per-row path (a single launch at TP > 1), and the streaming one (TP=1: the direct
-  // finalize consumer; TP > 1: the one-shot's publishing CTAs), the bad route in the first
-  // group of 8 and, at top_k = 10, beyond it.
-  struct Case { bool streaming; int top_k; };
-  for (const Case k : {Case{false, 6}, Case{true, 6}, Case{true, 10}}) {
-    AllReduceMHCConfig cfg = config(5120, 4, 16, 9);
-    cfg.top_k = k.top_k;
-    if (k.streaming) {
-      cfg.streaming_min_rows = 2;
-      cfg.single_launch_max_rows = 0;
-    }
+  // One bad route (row 1, route k), on the CTA-per-row paths (M = 5: a single launch at TP > 1;
+  // M = 133: publish + a CTA per row) and the streaming ones (TP=1: the direct finalize
+  // consumer; TP > 1: the one-shot's publishing CTAs), in the first group of 8 routes and, at
+  // top_k = 10, beyond it.
+  struct Case { int64_t m; bool streaming; int top_k, k; };
+  for (const Case c : {Case{5, false, 6, 1}, Case{133, false, 6, 1}, Case{133, true, 6, 1}, Case{133, true, 10, 1},
+                       Case{133, true, 10, 9}}) {
+    AllReduceMHCConfig cfg = config(5120, 4, 160, 161);
+    cfg.top_k = c.top_k;
+    cfg.streaming_min_rows = c.streaming ? 2 : 0;
     AllReduceMHC op(comm(), cfg);
-    CallBuffers b(16, 5120, 4, k.top_k);
-    Problem p = testing::make_problem(50000 + k.top_k, 5, 5120, 4, tp(), true, k.top_k);
-    for (auto& routes : p.routes) routes[k.top_k + k.top_k - 1] = 1 << 20;  // row 1, last route: far outside gemm2
-    run(op, b, p, Variant::kPlain, Protocol::kAuto, "bad route");
+    CallBuffers b(160, 5120, 4, c.top_k);
+    Problem p = testing::make_problem(50000 + c.m + c.top_k + c.k, c.m, 5120, 4, tp(), true, c.top_k);
+    for (auto& routes : p.routes) routes[c.top_k + c.k] = 1 << 20;  // far outside gemm2
+    const std::string what = "M=" + std::to_string(c.m) + (c.streaming ? " streaming" : " CTA per row") +
+                             " top_k=" + std::to_string(c.top_k) + " bad route " + std::to_string(c.k);
+    run(op, b, p, Variant::kPlain, Protocol::kAuto, what.c_str());
     try {
       comm().check_errors();
-      ADD_FAILURE() << "the bad route was not reported: streaming " << k.streaming << " top_k " << k.top_k;
+      ADD_FAILURE() << "the bad route was not reported: " << what;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute) << e.what();
       EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
     }
     comm().check_errors();  // reported once; the communicator stays usable
-    run(op, b, testing::make_problem(50100 + k.top_k, 5, 5120, 4, tp(), true, k.top_k), Variant::kPlain,
+    run(op, b, testing::make_problem(50100 + c.m + c.top_k, c.m, 5120, 4, tp(), true, c.top_k), Variant::kPlain,
         Protocol::kAuto, "after");
   }
 }
