@@ -187,6 +187,21 @@ __device__ __forceinline__ void zero_scale_padding_rows(uint8_t* scales, int64_t
   }
 }
 
+// cp.async (sm_80+): 16- and 4-byte global -> shared copies that hold no register while in flight.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_newest() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
 // --- Kernels --------------------------------------------------------------------------------
 template <bool kFinalize>
 __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const PublishParams p) {
@@ -390,17 +405,18 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   if (V != ConsumerVariant::kResidualOnly && p.tiling.ctas_per_row > 1) cluster_sum_prologue(cluster_sum);
   if (p.wait_predecessor) pdl_wait();  // below: the predecessors' outputs, the protocol state
 
-  // Loads that depend on no protocol state go out first: this row's mixes (into shared memory:
-  // every thread of the row needs all of them), residual streams, norm weight.
+  // Loads that depend on no protocol state go out first: this row's mixes (every thread of the
+  // row needs all of them) straight into shared memory with cp.async (a shared-memory store of a
+  // loaded value would wait for the load, and hold back the warp's later loads and its publish
+  // by a round trip), residual streams, norm weight.
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   __shared__ float mixes[kMixes];
   for (int i = threadIdx.x; i < kMixes; i += blockDim.x) {
-    float v = 0.0f;
-    if (i < HC) v = __ldg(p.post + row * HC + i);
-    else if (i < HC + HC * HC) v = __ldg(p.comb + row * HC * HC + (i - HC));
-    else if (V != ConsumerVariant::kResidualOnly) v = __ldg(p.pre + row * HC + (i - HC - HC * HC));
-    mixes[i] = v;
+    if (i < HC) cp_async4(&mixes[i], p.post + row * HC + i);
+    else if (i < HC + HC * HC) cp_async4(&mixes[i], p.comb + row * HC * HC + (i - HC));
+    else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[i], p.pre + row * HC + (i - HC - HC * HC));
   }
+  cp_async_commit();
   uint4 res[HC];
   uint4 norm = make_uint4(0, 0, 0, 0);
   if (rp.active) {
@@ -476,6 +492,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
+  cp_async_wait_all();
   __syncthreads();  // the mixes are in shared memory
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
@@ -484,21 +501,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
 }
 
 // --- Streaming consumer ------------------------------------------------------------------------
-// cp.async (sm_80+): 16- and 4-byte global -> shared copies that hold no register while in flight.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all_but_newest() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 // Publishing CTA `index` of `count` of a streaming Lamport call: this rank's rows index + k *
 // count, one-shot into every rank's slot [gen][rank][row], two-shot (contributions given) into
 // slot [gen][rank][row / tp] of the owner (rank row % tp). Several rows in flight a thread for
