@@ -418,32 +418,24 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   }
   cp_async_commit();
   uint4 res[HC];
-  uint4 norm = make_uint4(0, 0, 0, 0);
   if (rp.active) {
 #pragma unroll
     for (int s = 0; s < HC; ++s) {
       res[s] = ld_input(static_cast<const uint4*>(p.residual) + (row * HC + s) * np + pack);
     }
-    if constexpr (V != ConsumerVariant::kResidualOnly) {
-      norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
-    }
   }
-  // Single-launch one-shot: this rank's row, loaded (or reduced, for finalize) before the state
-  // load so that the two round trips overlap.
+  // Single-launch one-shot: this rank's row goes out first. x is loaded before the state, the
+  // state before the finalize reduction (whose route and GEMM2 loads depend on one another, and
+  // whose arithmetic would hold a later state load back): the state's round trip overlaps the
+  // first of the row's.
   uint4 mine = make_uint4(0, 0, 0, 0);
-  if constexpr (IN == ConsumerInput::kPoll) {
-    if (p.publish_first && rp.active) {
-      if (p.x != nullptr) {
-        mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
-      } else {
-        mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-      }
-    }
-  }
   Generation g{0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
+    const bool publish = p.publish_first && rp.active;
+    if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
     g = read_generation(p.state);
-    if (p.publish_first && rp.active) {  // single-launch one-shot: this rank's row goes out first
+    if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
+    if (publish) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
                      publishable<Bf16Lanes>(mine));
     }
@@ -454,6 +446,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   uint4 direct = make_uint4(0, 0, 0, 0);
   if constexpr (IN == ConsumerInput::kDirect) {
     if (rp.active) direct = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
+  }
+  // The norm weight, needed only after the RMS sum: loaded after the publish (its round trip
+  // overlaps the poll or the input's), so that it holds no register across the publish (the
+  // finalize reduction's loads there would otherwise spill it, and a spill of a loaded value
+  // waits for the load).
+  uint4 norm = make_uint4(0, 0, 0, 0);
+  if constexpr (V != ConsumerVariant::kResidualOnly) {
+    if (rp.active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
   }
   // The MXFP8 scales' padding rows depend on no data: their stores go out while the loads above
   // (and, polling, the peers' rows) are in flight instead of after the epilogue.

@@ -409,8 +409,11 @@ void time_all_reduce(Ctx& c) {
 // NVLink (the streaming call's overlap, its role CTAs), not a deployment's numbers.
 void time_two_shot(Ctx& c) {
   if (!c.comm->peers_reachable()) return;
-  const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{256, 1024, 4096}
-                                              : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192};
+  std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{256, 1024, 4096}
+                                        : std::vector<int64_t>{128, 256, 512, 1024, 2048, 4096, 8192};
+  // TP=1: small M too (the one-shot's single launch through the own mailbox against the bare
+  // floor of the same launch: what the epilogue adds on one GPU; the TP=2 table has it for real).
+  if (c.tp == 1) ms.insert(ms.begin(), {1, 8, 64});
   const int64_t cap = ms.back();
   AllReduceMHCConfig cfg = dsv41_config(cap);
   cfg.two_shot_min_rows = cap + 1;     // the one-shot mailbox holds every row ...
