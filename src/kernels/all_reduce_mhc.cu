@@ -416,13 +416,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     else if (i < HC + HC * HC) cp_async4(&mixes[i], p.comb + row * HC * HC + (i - HC));
     else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[i], p.pre + row * HC + (i - HC - HC * HC));
   }
-  // The norm weight, needed only after the RMS sum, likewise: held in no register until then
-  // (across the finalize reduction's loads it would be spilled, and a spill of a loaded value
-  // waits for the load).
-  __shared__ uint4 norm_packs[kMaxThreadsPerCta];  // this thread's own pack
-  if (V != ConsumerVariant::kResidualOnly && rp.active) {
-    cp_async16(&norm_packs[threadIdx.x], static_cast<const uint4*>(p.norm_weight) + pack);
-  }
   cp_async_commit();
   uint4 res[HC];
   if (rp.active) {
@@ -453,6 +446,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   uint4 direct = make_uint4(0, 0, 0, 0);
   if constexpr (IN == ConsumerInput::kDirect) {
     if (rp.active) direct = ld_input(static_cast<const uint4*>(p.in) + row * np + pack);
+  }
+  // The norm weight, needed only after the RMS sum: loaded after the publish (its round trip
+  // overlaps the poll or the input's), so that it holds no register across the publish (the
+  // finalize reduction's loads there would otherwise spill it, and a spill of a loaded value
+  // waits for the load).
+  uint4 norm = make_uint4(0, 0, 0, 0);
+  if constexpr (V != ConsumerVariant::kResidualOnly) {
+    if (rp.active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
   }
   // The MXFP8 scales' padding rows depend on no data: their stores go out while the loads above
   // (and, polling, the peers' rows) are in flight instead of after the epilogue.
@@ -493,7 +494,6 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
   cp_async_wait_all();
   __syncthreads();  // the mixes are in shared memory
-  const uint4 norm = V != ConsumerVariant::kResidualOnly && rp.active ? norm_packs[threadIdx.x] : make_uint4(0, 0, 0, 0);
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
 
