@@ -8,6 +8,9 @@ OUT=${OUT:-/tmp/mhccl-out}
 mkdir -p "$OUT"
 # NVLink multicast stays off on shared hosts (mhccl never uses it; NCCL must not either).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The commit mhccl-bench records in its JSON: the device's copy of the tree has no .git, so pass
+# MHCCL_COMMIT=<sha> in the run's command.
+export MHCCL_COMMIT=${MHCCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 stages=${*:-build tests bench}
 B=${BUILD_DIR:-build-dev}
 N=${NRANKS:-2}  # ranks of the GPU tests (1 on a one-GPU machine: the TP=2 cases skip)
