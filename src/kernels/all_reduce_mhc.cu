@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // Loads that depend on no protocol state go out first: this row's mixes (every thread of the
   // row needs all of them) straight into shared memory with cp.async (a shared-memory store of a
   // loaded value would wait for the load, and hold back the warp's later loads and its publish
-  // by a round trip), residual streams, norm weight.
+  // by a round trip), then the residual streams (the norm weight comes after the publish).
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   __shared__ float mixes[kMixes];
   for (int i = threadIdx.x; i < kMixes; i += blockDim.x) {
