@@ -30,12 +30,18 @@ struct RouteGroup {
   int32_t route[kFinalizeGroup];
   float w[kFinalizeGroup];
 };
+// Route k and weight k of a row (route -1 and weight 0 past top_k).
+__device__ __forceinline__ int32_t route_k(const FinalizeInputs& f, int64_t row, int k) {
+  return k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
+}
+__device__ __forceinline__ float weight_k(const FinalizeInputs& f, int64_t row, int k) {
+  return k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
+}
 __device__ __forceinline__ void load_route_group(const FinalizeInputs& f, int64_t row, int k0, RouteGroup& rg) {
 #pragma unroll
   for (int j = 0; j < kFinalizeGroup; ++j) {
-    const int k = k0 + j;
-    rg.route[j] = k < f.top_k ? __ldg(f.routes + row * f.top_k + k) : -1;
-    rg.w[j] = k < f.top_k ? __ldg(f.weights + row * f.top_k + k) : 0.0f;
+    rg.route[j] = route_k(f, row, k0 + j);
+    rg.w[j] = weight_k(f, row, k0 + j);
   }
 }
 
@@ -201,6 +207,18 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// A row's mixes (post [HC], comb [HC][HC], pre [HC]; pre not for residual_only) into `mixes`
+// with cp.async, spread over the CTA's threads; the caller commits and waits.
+template <int HC, ConsumerVariant V>
+__device__ __forceinline__ void cp_async_mixes(float* mixes, const ConsumerParams& p, int64_t row) {
+  constexpr int kMixes = 2 * HC + HC * HC;
+  for (int i = threadIdx.x; i < kMixes; i += blockDim.x) {
+    if (i < HC) cp_async4(&mixes[i], p.post + row * HC + i);
+    else if (i < HC + HC * HC) cp_async4(&mixes[i], p.comb + row * HC * HC + (i - HC));
+    else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[i], p.pre + row * HC + (i - HC - HC * HC));
+  }
+}
 
 // --- Kernels --------------------------------------------------------------------------------
 template <bool kFinalize>
@@ -411,11 +429,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // by a round trip), then the residual streams (the norm weight comes after the publish).
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   __shared__ float mixes[kMixes];
-  for (int i = threadIdx.x; i < kMixes; i += blockDim.x) {
-    if (i < HC) cp_async4(&mixes[i], p.post + row * HC + i);
-    else if (i < HC + HC * HC) cp_async4(&mixes[i], p.comb + row * HC * HC + (i - HC));
-    else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[i], p.pre + row * HC + (i - HC - HC * HC));
-  }
+  cp_async_mixes<HC, V>(mixes, p, row);
   cp_async_commit();
   uint4 res[HC];
   if (rp.active) {
@@ -509,7 +523,7 @@ template <bool kFin>
 __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
-  const bool active = pack < np;  // every thread stays: the finalize prefetch has CTA barriers
+  const bool active = pack < np;  // each branch lets threads without a pack leave
   const bool two_shot = p.contributions != nullptr;
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
@@ -547,13 +561,13 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
     const FinalizeInputs& f = p.fin;
     auto load_routes = [&](int64_t row, int32_t (&route)[kFinalizeGroup]) {
 #pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) route[j] = j < f.top_k ? __ldg(f.routes + row * f.top_k + j) : -1;
+      for (int j = 0; j < kFinalizeGroup; ++j) route[j] = route_k(f, row, j);
     };
     RouteGroup rg;
     if (index < p.m) load_routes(index, rg.route);
     for (int64_t row = index; row < p.m; row += count) {
 #pragma unroll
-      for (int j = 0; j < kFinalizeGroup; ++j) rg.w[j] = j < f.top_k ? __ldg(f.weights + row * f.top_k + j) : 0.0f;
+      for (int j = 0; j < kFinalizeGroup; ++j) rg.w[j] = weight_k(f, row, j);
       const auto route_at = [&](int j) { return rg.route[j]; };
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
@@ -634,11 +648,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
         cp_async16(st + HC * threads + pack, in + row * np + pack);
       }
     }
-    for (int i = pack; i < kMixes; i += threads) {
-      if (i < HC) cp_async4(&mixes[stage][i], p.post + row * HC + i);
-      else if (i < HC + HC * HC) cp_async4(&mixes[stage][i], p.comb + row * HC * HC + (i - HC));
-      else if (V != ConsumerVariant::kResidualOnly) cp_async4(&mixes[stage][i], p.pre + row * HC + (i - HC - HC * HC));
-    }
+    cp_async_mixes<HC, V>(mixes[stage], p, row);
     if constexpr (IN == ConsumerInput::kFinalize) {  // the last threads (the mixes' are the first)
       const int j = threads - 1 - pack;
       if (j < routes_staged) cp_async4(&routes[stage][j], p.fin.routes + row * p.fin.top_k + j);
