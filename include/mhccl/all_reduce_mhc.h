@@ -132,12 +132,14 @@ class AllReduceMHC {
   AllReduceMHC& operator=(const AllReduceMHC&) = delete;
 
   // y = bf16(sum over ranks of x, FP32 in rank order); residual_out[m,t] = bf16(post[m,t] * y +
-  // sum_s comb[m,s,t] * residual[m,s]); layer_input = RMSNorm(sum_t pre[m,t] * residual_out[m,t])
-  // * norm_weight; the MXFP8 copy of layer_input when mxfp8 outputs are given.
+  // sum_s comb[m,s,t] * residual[m,s]); p = bf16(sum_t pre[m,t] * residual_out[m,t]) (the
+  // collapse, rounded to BF16 once); layer_input = bf16(RMSNorm(p) * norm_weight); the MXFP8 copy
+  // of layer_input when mxfp8 outputs are given (SPEC.md).
   void call(const AllReduceMHCCallArgs& args, cudaStream_t stream);
 
-  // As call, with this rank's x = bf16(shared_output + sum_k w[m,k] * gemm2[idx[m,k]]) (routes
-  // of -1 skipped). An index outside [-1, rows) is never read: the route is skipped and
+  // As call, with this rank's x = bf16(sum_k w[m,k] * gemm2[idx[m,k]] + shared_output) (the
+  // routed sum from +0.0 in k order, the shared expert added last, one rounding; routes of -1
+  // skipped). An index outside [-1, rows) is never read: the route is skipped and
   // reported by Communicator::check_errors() as Error(kInvalidRoute).
   void finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream);
 

@@ -13,9 +13,11 @@ namespace mhccl::reference {
 // protocols give it (their mailboxes never hold -0.0).
 void all_reduce_bf16(const std::vector<const uint16_t*>& rank_inputs, int64_t n, uint16_t* y);
 
-// This rank's x of finalize: x[m,h] = bf16(acc), acc = float(shared[m,h]); for k = 0..top_k-1
-// with p = idx[m,k] in [0, rows): acc = fmaf(weights[m,k], float(gemm2[p,h]), acc). Routes of
-// -1 are skipped; any other index outside [0, rows) is skipped too and counted. Returns that count.
+// This rank's x of finalize: acc = +0.0f; for k = 0..top_k-1 with p = idx[m,k] in [0, rows):
+// acc = fmaf(weights[m,k], float(gemm2[p,h]), acc); then x[m,h] = bf16(acc + float(shared[m,h]))
+// (the routed sum first, the shared expert added last, one rounding: the reference module's
+// order). Routes of -1 are skipped; any other index outside [0, rows) is skipped too and counted.
+// Returns that count.
 int64_t finalize_rank_input(const uint16_t* gemm2, int64_t rows, const float* weights,
                             const int32_t* idx, const uint16_t* shared, int64_t m, int64_t h,
                             int top_k, uint16_t* x);
@@ -35,14 +37,15 @@ struct MHCProblem {
 // residual_out[m,t,h] = bf16(acc), acc = post[m,t] * float(y[m,h]); then for s = 0..hc-1:
 //   acc = fmaf(comb[m,s,t], float(residual[m,s,h]), acc).
 // layer_input[m,h] (skipped when pre is nullptr): c = +0.0f, for t = 0..hc-1:
-//   c = fmaf(pre[m,t], float(residual_out[m,t,h]), c);  r = 1 / sqrtf(sum_h(c^2) / h + eps);
-//   layer_input = bf16((c * r) * float(norm_weight[h])).
+//   c = fmaf(pre[m,t], float(residual_out[m,t,h]), c);  p = float(bf16(c)) (the collapse rounded
+//   to BF16 once, as the reference module and unfused engines do);
+//   r = 1 / sqrtf(sum_h(p^2) / h + eps);  layer_input = bf16((p * r) * float(norm_weight[h])).
 void mhc_epilogue(const MHCProblem& p, const uint16_t* y, uint16_t* residual_out,
                   uint16_t* layer_input);
 
 // The layer input with its RMSNorm in FP64, for checks of layer_input within 1 BF16 ulp. The
-// collapse c is SPEC's FP32 fmaf chain over the BF16 residual_out (bit-exact by contract, and
-// where c nearly cancels its FP32 rounding dominates any tolerance); what may differ between
+// collapse p = bf16(c) of SPEC's FP32 fmaf chain over the BF16 residual_out (bit-exact by
+// contract, and where c nearly cancels its FP32 rounding dominates any tolerance); what may differ between
 // implementations is the RMS sum's association, rsqrt and the last products, checked here.
 void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double* out);
 

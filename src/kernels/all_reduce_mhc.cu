@@ -19,7 +19,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 // --- MoE finalize: this rank's x of one pack ------------------------------------------------
-// x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
+// x = bf16(acc + shared), acc = sum_k w[k] * gemm2[route[k]] from +0.0 in k order, FP32 fmaf
+// (SPEC.md, finalize: the routed sum first, the shared expert added last, one rounding).
 // Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
 // recorded. The gemm2 packs of kGroup routes are loaded together before their fmas: 8, so that
 // DSV4.1's top_k = 6 costs two dependent round trips (routes, then rows), not four.
@@ -81,10 +82,9 @@ __device__ __forceinline__ void fma_group_rows(const FinalizeInputs& f, int64_t 
   }
 }
 
-// acc (the shared expert's pack, as floats) += the route groups from k0 on, in k order; returns
-// bf16(acc).
-__device__ __forceinline__ uint4 finalize_groups(const FinalizeInputs& f, int64_t row, int pack, int np, int k0,
-                                                 float (&acc)[8], const ErrorSink& err, bool report) {
+// The routed sum: acc += the route groups from k0 on, in k order.
+__device__ __forceinline__ void finalize_groups(const FinalizeInputs& f, int64_t row, int pack, int np, int k0,
+                                                float (&acc)[8], const ErrorSink& err, bool report) {
   for (; k0 < f.top_k; k0 += kFinalizeGroup) {
     RouteGroup rg;
     load_route_group(f, row, k0, rg);
@@ -94,18 +94,28 @@ __device__ __forceinline__ uint4 finalize_groups(const FinalizeInputs& f, int64_
     fma_group_rows(f, row, k0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, err,
                    report);
   }
+}
+
+// bf16(acc + shared): the shared expert's pack added last to the routed sum (SPEC.md, finalize).
+__device__ __forceinline__ uint4 add_shared_expert(float (&acc)[8], uint4 shared) {
+  float s[8];
+  unpack_bf16(shared, s);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], s[e]);
   return pack_bf16(acc);
 }
 
-// x = bf16(shared + sum_k w[k] * gemm2[route[k]]) in k order, FP32 fmaf (SPEC.md, finalize).
-// Routes of -1 are skipped; any other index outside [0, rows) is skipped and, when `report`,
-// recorded. The gemm2 packs of kFinalizeGroup routes are loaded together before their fmas: 8,
-// so that DSV4.1's top_k = 6 costs two dependent round trips (routes, then rows), not four.
+// x = bf16(acc + shared), acc = sum_k w[k] * gemm2[route[k]] from +0.0 in k order, FP32 fmaf
+// (SPEC.md, finalize). Routes of -1 are skipped; any other index outside [0, rows) is skipped
+// and, when `report`, recorded. The gemm2 packs of kFinalizeGroup routes are loaded together
+// before their fmas: 8, so that DSV4.1's top_k = 6 costs two dependent round trips (routes, then
+// rows), not four. The shared row's load goes out first (it depends on nothing).
 __device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
-  float acc[8];
-  unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
-  return finalize_groups(f, row, pack, np, 0, acc, err, report);
+  const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  finalize_groups(f, row, pack, np, 0, acc, err, report);
+  return add_shared_expert(acc, shared);
 }
 
 // --- Reductions -----------------------------------------------------------------------------
@@ -296,7 +306,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
 
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
 // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] *
-// residual_out[t]; layer_input = bf16(c * rsqrt(mean(c^2) + eps) * norm_weight); MXFP8 of it.
+// residual_out[t]; p = bf16(c); layer_input = bf16(p * rsqrt(mean(p^2) + eps) * norm_weight);
+// MXFP8 of it.
 // Called by every thread of the CTA (the RMS sum is a CTA and, over ctas CTAs, a cluster
 // reduction); `mixes` (post, comb, pre of the row) and `warp_sums` in shared memory.
 template <int HC, ConsumerVariant V>
@@ -333,6 +344,9 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
         for (int e = 0; e < 8; ++e) c[e] = __fmaf_rn(pre_t, o[e], c[e]);
       }
     }
+    // p = bf16(c): the collapse is rounded to BF16 once before the norm, as the reference module
+    // and unfused engines do (SPEC.md, changed 2026-12-01). Below, c holds float(p).
+    if constexpr (V != ConsumerVariant::kResidualOnly) unpack_bf16(pack_bf16(c), c);
   }
 
   if constexpr (V != ConsumerVariant::kResidualOnly) {
@@ -571,14 +585,14 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
       const auto route_at = [&](int j) { return rg.route[j]; };
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
-      float acc[8];
-      unpack_bf16(ld_input(static_cast<const uint4*>(f.shared) + row * np + pack), acc);
+      const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
       if (more) load_routes(row + count, next);
       fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
                      pack == 0);
-      store(row, pack_bf16(acc));
+      store(row, add_shared_expert(acc, shared));
       if (more) {
 #pragma unroll
         for (int j = 0; j < kFinalizeGroup; ++j) rg.route[j] = next[j];
@@ -707,10 +721,10 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
           wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
                                WaitSite{p.protocol, peer, gen, row});
         } else if constexpr (IN == ConsumerInput::kFinalize) {
-          // x = bf16(shared + sum_k w[k] * gemm2[route[k]]): finalize_pack's order and bits. The
-          // residual streams are read from shared memory only after it (registers).
-          float acc[8];
-          unpack_bf16(v, acc);
+          // x = bf16(sum_k w[k] * gemm2[route[k]] + shared): finalize_pack's order and bits (v
+          // holds the shared expert's pack). The residual streams are read from shared memory
+          // only after it (registers).
+          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
           fma_group_rows(
               p.fin, row, 0, [&](int j) { return j < routes_staged ? routes[stage][j] : -1; },
               [&](int j) { return weights[stage][j]; }, [&](int j) { return gemm2_packs[j * threads + pack]; }, acc,
@@ -727,7 +741,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
                 [&](int) { return ld_input(static_cast<const uint4*>(p.fin.gemm2) + static_cast<int64_t>(route) * np + pack); },
                 acc, p.err, pack == 0);
           }
-          v = pack_bf16(acc);
+          v = add_shared_expert(acc, v);
         }
         float f[8];
         unpack_bf16(v, f);

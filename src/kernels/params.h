@@ -76,8 +76,9 @@ enum class PublishDest : int {
   kLocal = 2,     // NCCL fallback of finalize: row m of a local buffer, no Lamport
 };
 
-// The MoE finalize's inputs (SPEC.md, finalize): x[m] = bf16(shared[m] + sum over k of
-// weights[m,k] * gemm2[routes[m,k]]), routes of -1 (and any outside [0, gemm2_rows)) skipped.
+// The MoE finalize's inputs (SPEC.md, finalize): x[m] = bf16(sum over k of weights[m,k] *
+// gemm2[routes[m,k]] + shared[m]) (routed sum first, shared expert last), routes of -1 (and any
+// outside [0, gemm2_rows)) skipped.
 struct FinalizeInputs {
   const void* gemm2;  // [gemm2_rows, H] BF16
   int64_t gemm2_rows;

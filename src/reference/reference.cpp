@@ -28,13 +28,13 @@ int64_t finalize_rank_input(const uint16_t* gemm2, int64_t rows, const float* w,
       if (p != -1 && (p < 0 || p >= rows)) ++invalid;
     }
     for (int64_t j = 0; j < h; ++j) {
-      float acc = bf16_to_float(shared[r * h + j]);
+      float acc = 0.0f;  // the routed sum first, the shared expert last (SPEC.md, finalize)
       for (int k = 0; k < top_k; ++k) {
         const int32_t p = idx[r * top_k + k];
         if (p < 0 || p >= rows) continue;
         acc = std::fmaf(w[r * top_k + k], bf16_to_float(gemm2[p * h + j]), acc);
       }
-      x[r * h + j] = float_to_bf16(acc);
+      x[r * h + j] = float_to_bf16(acc + bf16_to_float(shared[r * h + j]));
     }
   }
   return invalid;
@@ -62,6 +62,8 @@ void mhc_epilogue(const MHCProblem& p, const uint16_t* y, uint16_t* residual_out
       }
     }
     if (p.pre == nullptr) continue;
+    // The collapse is rounded to BF16 once, before the norm (SPEC.md: p = bf16(c)).
+    for (int64_t j = 0; j < h; ++j) c[j] = bf16_to_float(float_to_bf16(c[j]));
     float sumsq = 0.0f;
     for (int64_t j = 0; j < h; ++j) sumsq = std::fmaf(c[j], c[j], sumsq);
     const float rinv = 1.0f / std::sqrt(sumsq / static_cast<float>(h) + p.eps);
@@ -78,11 +80,11 @@ void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double*
   for (int64_t r = 0; r < p.m; ++r) {
     double sumsq = 0.0;
     for (int64_t j = 0; j < h; ++j) {
-      float acc = 0.0f;  // SPEC's FP32 collapse, exactly as the kernels compute it
+      float acc = 0.0f;  // SPEC's FP32 collapse, exactly as the kernels compute it, then p = bf16(c)
       for (int t = 0; t < hc; ++t) {
         acc = std::fmaf(p.pre[r * hc + t], bf16_to_float(residual_out[(r * hc + t) * h + j]), acc);
       }
-      c[j] = acc;
+      c[j] = bf16_to_float(float_to_bf16(acc));  // p = bf16(c): the norm reads the BF16 collapse
       sumsq += c[j] * c[j];
     }
     const double rinv = 1.0 / std::sqrt(sumsq / double(h) + double(p.eps));

@@ -1,5 +1,6 @@
 // The CPU reference against hand-computed cases and an FP64 recomputation.
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -94,6 +95,64 @@ TEST(Reference, FinalizeSkipsMinusOneAndCountsInvalidRoutes) {
     EXPECT_EQ(x[j], bf(4.0f));
     EXPECT_EQ(x[h + j], bf(1.5f));
   }
+}
+
+// The shared expert is added after the routed sum (SPEC.md, changed 2026-12-01): routes 2^-8,
+// 2^-24, 2^-24 (weights 1) sum exactly to 2^-8 + 2^-23, and 1 + that rounds up to 1 + 2^-7 in
+// BF16. Shared first, each 2^-24 is half an FP32 ulp of 1 + 2^-8 and ties to even (lost), and
+// 1 + 2^-8 ties to even 1.0 in BF16: the old order gives 0x3F80.
+TEST(Reference, FinalizeAddsTheSharedExpertLast) {
+  const int64_t h = 8, rows = 3;
+  const int top_k = 3;
+  std::vector<uint16_t> g(rows * h);
+  const float v[3] = {1.0f / 256, std::ldexp(1.0f, -24), std::ldexp(1.0f, -24)};
+  for (int64_t r = 0; r < rows; ++r) for (int64_t j = 0; j < h; ++j) g[r * h + j] = bf(v[r]);
+  std::vector<uint16_t> shared(h, bf(1.0f));
+  std::vector<int32_t> routes = {0, 1, 2};
+  std::vector<float> w = {1.0f, 1.0f, 1.0f};
+  std::vector<uint16_t> x(h);
+  EXPECT_EQ(reference::finalize_rank_input(g.data(), rows, w.data(), routes.data(), shared.data(), 1, h, top_k,
+                                           x.data()), 0);
+  for (int64_t j = 0; j < h; ++j) EXPECT_EQ(x[j], 0x3F81) << j;
+}
+
+// The norm reads the collapse rounded to BF16 (p = bf16(c)): a problem whose collapse is not
+// BF16 (pre = 1 + 2^-10 over BF16 streams) gives the layer input of the same problem with the
+// streams replaced by bf16(c) and pre = 1 (whose collapse is bf16(c) exactly). Without that
+// rounding some elements differ (checked below, so the comparison can fail).
+TEST(Reference, NormReadsTheCollapseRoundedToBf16) {
+  const int64_t m = 2, h = 5120;
+  std::mt19937_64 rng(11);
+  std::vector<uint16_t> y, res(m * h, bf(0.0f));
+  testing::fill_bf16(rng, y, m * h, 1.0f);
+  std::vector<uint16_t> w;
+  testing::fill_bf16(rng, w, h, 1.0f);
+  std::vector<float> post(m, 1.0f), comb(m, 0.0f), pre(m, 1.0f + std::ldexp(1.0f, -10)), one(m, 1.0f);
+  reference::MHCProblem a{m, h, 1, res.data(), post.data(), comb.data(), pre.data(), w.data(), 1e-6f};
+  std::vector<uint16_t> out_a(m * h), li_a(m * h);
+  reference::mhc_epilogue(a, y.data(), out_a.data(), li_a.data());
+  ASSERT_EQ(out_a, y);  // post 1, comb 0: the streams are y
+  std::vector<uint16_t> p(m * h);
+  for (int64_t i = 0; i < m * h; ++i) p[i] = bf(pre[0] * bf16_to_float(y[i]));
+  reference::MHCProblem b{m, h, 1, res.data(), post.data(), comb.data(), one.data(), w.data(), 1e-6f};
+  std::vector<uint16_t> out_b(m * h), li_b(m * h);
+  reference::mhc_epilogue(b, p.data(), out_b.data(), li_b.data());
+  EXPECT_EQ(li_a, li_b);
+  // The FP32 collapse into the norm (the rule before 2026-12-01) differs somewhere.
+  int differ = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    float ss = 0.0f;
+    for (int64_t j = 0; j < h; ++j) {
+      const float c = pre[0] * bf16_to_float(y[r * h + j]);
+      ss = std::fmaf(c, c, ss);
+    }
+    const float rinv = 1.0f / std::sqrt(ss / static_cast<float>(h) + 1e-6f);
+    for (int64_t j = 0; j < h; ++j) {
+      const float c = pre[0] * bf16_to_float(y[r * h + j]);
+      differ += bf((c * rinv) * bf16_to_float(w[j])) != li_a[r * h + j];
+    }
+  }
+  EXPECT_GT(differ, 0);
 }
 
 TEST(Reference, AllGatherTurnsSentinelWordsIntoZero) {
