@@ -69,11 +69,25 @@ void init_common(Communicator::Impl& im) {
                            cudaHostAllocMapped));
   std::memset(im.record, 0, 2 * sizeof(kernels::ErrorRecord));
   MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.record_device), im.record, 0));
-  MHCCL_CUDA(cudaMalloc(&im.device_words, 3 * sizeof(uint32_t)));
-  MHCCL_CUDA(cudaMemset(im.device_words, 0, 3 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMalloc(&im.device_words, 2 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMemset(im.device_words, 0, 2 * sizeof(uint32_t)));
   im.reachable = im.tp == 1 || comm::lsa_team_size(im.comm) == im.tp;
+  // Every rank takes the same path (Lamport or the NCCL fallback): the forced fallback agreed.
+  im.agree("Communicator", {{"force_nccl_fallback", im.options.force_nccl_fallback}, {"peers reachable", im.reachable}},
+           nullptr);
   if (im.options.force_nccl_fallback) im.reachable = false;
+  im.alloc_window(sizeof(uint32_t), 0u, im.reachable && im.tp > 1, im.fault_window);
   MHCCL_CUDA(cudaDeviceSynchronize());
+}
+
+// The message of a fault record (kPeerFault) or of a fault word read by check_errors().
+std::string fault_message(int rank, const std::string& where, int timed_out, int waited_for, uint64_t timeout_ms) {
+  return where + " on rank " + std::to_string(rank) + ": rank " + std::to_string(timed_out) +
+         " waited for rank " + std::to_string(waited_for) + " longer than " + std::to_string(timeout_ms) +
+         " ms and stopped the group (no rank stores into a mailbox after a fault, so this rank's calls from then on "
+         "did not complete); rank " + std::to_string(waited_for) +
+         " died, hung, or issued a different sequence of calls. The communicator is unusable: destroy it and its "
+         "ops and build them again";
 }
 
 }  // namespace
@@ -82,6 +96,7 @@ Communicator::Impl::~Impl() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
+  free_window(fault_window);  // before the NCCL communicator goes (its window is registered there)
   // After a peer timeout the peers may be dead and kernels (an NCCL collective of this
   // communicator) may wait for them: abort first, which waits for nobody and stops NCCL's
   // kernels, before anything that synchronizes the device.
@@ -121,7 +136,10 @@ kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
   kernels::ErrorSink s;
   s.records = record_device;
   s.claims = device_words;
-  s.abort_flag = device_words + 2;
+  s.fault = fault_word_local();
+  s.fault_peers = reinterpret_cast<uint32_t* const*>(fault_window.peers_device);
+  s.fault_ranks = static_cast<int>(fault_window.peers.size());
+  s.rank = rank;
   s.timeout_ns = options.wait_timeout_ms * 1000000ull;
   s.op = op;
   return s;
@@ -133,22 +151,44 @@ void Communicator::Impl::check(bool report_routes) {
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
   if (r->ready != r->epoch + 1) {
     if (!report_routes) return;  // route reports are left for check_errors()
+    // A fault another rank raised that no kernel of this rank has seen yet (this rank idle, or
+    // its kernels still queued): read this rank's fault word itself.
+    uint32_t word = 0;
+    if (fault_window.ptr != nullptr) {
+      detail::DeviceGuard guard(device);
+      MHCCL_CUDA(cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream));
+      MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+    }
+    if (word != 0) {
+      unusable = true;
+      unusable_reason = fault_message(rank, "Communicator", kernels::fault_timed_out_rank(word),
+                                      kernels::fault_waited_for(word), options.wait_timeout_ms);
+      throw Error(ErrorCode::kPeerTimeout, unusable_reason);
+    }
     r = record + kernels::kRouteRecord;
     if (r->ready != r->epoch + 1) return;
   }
   const uint32_t epoch = r->epoch;
   const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
-                               r->generation, r->row, r->value};
+                               r->generation, r->row, r->value, r->call, 0};
   r->epoch = epoch + 1;  // consumed: the next error of its kind may be recorded
   // Built without iostreams (see src/ops/checks.cpp).
+  if (e.code == kernels::kPeerFault) {
+    unusable = true;
+    unusable_reason = fault_message(rank, std::string(op_label(e.op)) + " (" + protocol_label(e.protocol) +
+                                              ", call " + std::to_string(e.call) + ")",
+                                    e.peer, static_cast<int>(e.value), options.wait_timeout_ms);
+    throw Error(ErrorCode::kPeerTimeout, unusable_reason);
+  }
   if (e.code == kernels::kWaitTimeout) {
     const std::string peer = std::to_string(e.peer);
     const std::string msg =
         std::string(op_label(e.op)) + " on rank " + std::to_string(rank) + ": waited for rank " + peer +
         " (" + protocol_label(e.protocol) + ", generation " + std::to_string(e.generation) + ", " +
-        (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") + std::to_string(e.row) +
-        ") longer than " + std::to_string(options.wait_timeout_ms) + " ms; rank " + peer +
-        " died, hung, or issued a different sequence of calls. The communicator is unusable: "
+        (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") + std::to_string(e.row) + ", call " +
+        std::to_string(e.call) + ") longer than " + std::to_string(options.wait_timeout_ms) + " ms; rank " + peer +
+        " died, hung, or issued a different sequence of calls. Every rank of the group was told to stop "
+        "(no rank stores into a mailbox after it). The communicator is unusable: "
         "destroy it and its ops and build them again";
     unusable = true;
     unusable_reason = msg;
@@ -177,6 +217,60 @@ void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op) {
 void Communicator::Impl::barrier() {
   int word[1] = {0};
   all_reduce_ints(word, ncclSum);
+}
+
+namespace comm {
+
+std::vector<int> agreement_words(const ConfigFields& fields, bool valid) {
+  // Per 32-bit half h of every field, h and ~h: after an all-reduce with ncclMax they hold
+  // max(h) and max(~h) = ~min(h) over the ranks, so a field agrees iff both halves' min equals
+  // their max. Word 0: 1 where this rank's configuration is invalid.
+  std::vector<int> words(1 + 4 * fields.size());
+  words[0] = valid ? 0 : 1;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const uint64_t v = static_cast<uint64_t>(fields[i].second);
+    const int hi = static_cast<int>(static_cast<uint32_t>(v >> 32)), lo = static_cast<int>(static_cast<uint32_t>(v));
+    words[1 + 4 * i] = hi;
+    words[2 + 4 * i] = ~hi;
+    words[3 + 4 * i] = lo;
+    words[4 + 4 * i] = ~lo;
+  }
+  return words;
+}
+
+std::string agreement_error(const char* what, int rank, const ConfigFields& fields, const std::vector<int>& reduced) {
+  if (reduced[0] != 0) {
+    return std::string(what) + " on rank " + std::to_string(rank) +
+           ": another rank's configuration is invalid (that rank's error says why); every rank of the group must "
+           "pass the same valid configuration";
+  }
+  std::string differ;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const uint32_t hi_max = static_cast<uint32_t>(reduced[1 + 4 * i]), hi_min = ~static_cast<uint32_t>(reduced[2 + 4 * i]);
+    const uint32_t lo_max = static_cast<uint32_t>(reduced[3 + 4 * i]), lo_min = ~static_cast<uint32_t>(reduced[4 + 4 * i]);
+    if (hi_max == hi_min && lo_max == lo_min) continue;
+    differ += std::string(differ.empty() ? "" : ", ") + fields[i].first + " (this rank: " +
+              std::to_string(fields[i].second) + ")";
+  }
+  if (differ.empty()) return "";
+  return std::string(what) + " on rank " + std::to_string(rank) +
+         ": the ranks of the group were built with different configurations: " + differ +
+         " differ between ranks; every rank must pass the same configuration (and the same MHCCL_* launch-shape "
+         "variables)";
+}
+
+}  // namespace comm
+
+void Communicator::Impl::agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
+                               std::exception_ptr local_error) {
+  std::vector<int> words = comm::agreement_words(fields, !local_error);
+  if (static_cast<int>(words.size()) > kSetupWords) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("agree (internal): too many fields for ") + what);
+  }
+  all_reduce_ints(words.data(), static_cast<int>(words.size()), ncclMax);
+  if (local_error) std::rethrow_exception(local_error);
+  const std::string error = comm::agreement_error(what, rank, fields, words);
+  if (!error.empty()) throw Error(ErrorCode::kInvalidArgument, error);
 }
 
 Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
@@ -246,12 +340,64 @@ void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
 bool Communicator::usable() const { return !impl_->unusable; }
 
 // --- Symmetric buffers ------------------------------------------------------------------------
+void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, Window& w) {
+  detail::DeviceGuard guard(device);
+  const size_t size = (std::max<size_t>(bytes, 16) + 4095) / 4096 * 4096;
+  const int entries = shared ? tp : 1;
+  w.plain = !shared || tp == 1;  // no peer: plain device memory, its own (only) peer entry
+  w.bytes = size;
+  if (w.plain) {
+    MHCCL_CUDA(cudaMalloc(&w.ptr, size));
+  } else {
+    MHCCL_NCCL(ncclMemAlloc(&w.ptr, size));
+    MHCCL_NCCL(ncclCommWindowRegister(comm, w.ptr, size, &w.window, NCCL_WIN_COLL_SYMMETRIC));
+  }
+  MHCCL_CUDA(kernels::launch_fill_u32(w.ptr, size / 4, fill, setup_stream));
+  MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&w.peers_device), entries * sizeof(void*)));
+  w.peers.assign(static_cast<size_t>(entries), nullptr);
+  if (w.plain) {
+    w.peers[0] = w.ptr;
+    MHCCL_CUDA(cudaMemcpyAsync(w.peers_device, w.peers.data(), sizeof(void*), cudaMemcpyHostToDevice, setup_stream));
+  } else {
+    MHCCL_CUDA(comm::launch_peer_table(w.window, tp, w.peers_device, setup_stream));
+    MHCCL_CUDA(cudaMemcpyAsync(w.peers.data(), w.peers_device, tp * sizeof(void*), cudaMemcpyDeviceToHost,
+                               setup_stream));
+  }
+  if (shared) {
+    barrier();  // every rank's fill is done before any peer can store into it
+  } else {
+    MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+  }
+  for (int r = 0; r < entries; ++r) {
+    if (w.peers[r] == nullptr) {
+      throw Error(ErrorCode::kNccl, "NCCL window: no load/store mapping of rank " + std::to_string(r));
+    }
+  }
+}
+
+void Communicator::Impl::free_window(Window& w) {
+  if (w.ptr == nullptr && w.peers_device == nullptr) return;
+  if (w.plain) {
+    if (w.ptr) release({w.ptr});
+  } else if (peer_failed()) {
+    // Nothing here may wait: no device synchronization, no deregistration (it may wait for a
+    // dead peer). An owned communicator is aborted, which releases the window, and frees the
+    // memory after that. Around the caller's ncclComm_t the window stays registered until the
+    // caller aborts it, so the memory is left to the process's end rather than freed under a
+    // live window.
+    if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
+  } else {
+    cudaDeviceSynchronize();
+    if (w.window) ncclCommWindowDeregister(comm, w.window);
+    if (w.ptr) ncclMemFree(w.ptr);
+  }
+  if (w.peers_device) release({w.peers_device});
+  w = Window{};
+}
+
 struct SymmetricBuffer::State {
   std::shared_ptr<Communicator::Impl> comm;
-  void* ptr = nullptr;
-  ncclWindow_t window = nullptr;
-  bool plain = false;  // TP=1: cudaMalloc'ed, no window
-  std::vector<void*> peers;
+  Communicator::Impl::Window window;
 };
 
 std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uint32_t fill) {
@@ -260,42 +406,17 @@ std::unique_ptr<SymmetricBuffer> Communicator::alloc_symmetric(size_t bytes, uin
   if (!im.reachable) {
     throw Error(ErrorCode::kUnsupported, "symmetric buffers need every peer load/store reachable");
   }
-  detail::DeviceGuard guard(im.device);
-  const size_t size = (std::max<size_t>(bytes, 16) + 4095) / 4096 * 4096;
   std::unique_ptr<SymmetricBuffer> buf(new SymmetricBuffer());
   buf->state_ = std::make_unique<SymmetricBuffer::State>();
   SymmetricBuffer::State& st = *buf->state_;
   st.comm = impl_;
-  if (im.tp == 1) {  // no peer: plain device memory, its own (only) peer entry
-    MHCCL_CUDA(cudaMalloc(&st.ptr, size));
-    st.plain = true;
-  } else {
-    MHCCL_NCCL(ncclMemAlloc(&st.ptr, size));
-    MHCCL_NCCL(ncclCommWindowRegister(im.comm, st.ptr, size, &st.window, NCCL_WIN_COLL_SYMMETRIC));
-  }
-  MHCCL_CUDA(kernels::launch_fill_u32(st.ptr, size / 4, fill, im.setup_stream));
-  MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&buf->peers_device_), im.tp * sizeof(void*)));
-  st.peers.resize(im.tp);
-  if (st.plain) {
-    st.peers[0] = st.ptr;
-    MHCCL_CUDA(cudaMemcpyAsync(buf->peers_device_, st.peers.data(), sizeof(void*), cudaMemcpyHostToDevice,
-                               im.setup_stream));
-  } else {
-    MHCCL_CUDA(comm::launch_peer_table(st.window, im.tp, buf->peers_device_, im.setup_stream));
-    MHCCL_CUDA(cudaMemcpyAsync(st.peers.data(), buf->peers_device_, im.tp * sizeof(void*),
-                               cudaMemcpyDeviceToHost, im.setup_stream));
-  }
-  im.barrier();  // every rank's fill is done before any peer can store into it
-  for (int r = 0; r < im.tp; ++r) {
-    if (st.peers[r] == nullptr) {
-      throw Error(ErrorCode::kNccl, "NCCL window: no load/store mapping of rank " + std::to_string(r));
-    }
-  }
+  im.alloc_window(bytes, fill, /*shared=*/true, st.window);
   // NCCL maps every rank of the LSA team, this one too, into one flat range: the own entry is
   // another virtual address of the same memory. Every access goes through the table, so the
   // kernels reach each slot through one address.
-  buf->local_ = st.peers[im.rank];
-  buf->bytes_ = size;
+  buf->local_ = st.window.peers[im.rank];
+  buf->bytes_ = st.window.bytes;
+  buf->peers_device_ = st.window.peers_device;
   return buf;
 }
 
@@ -305,25 +426,11 @@ SymmetricBuffer::~SymmetricBuffer() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(st.comm->device);
-  if (st.plain) {
-    st.comm->release({st.ptr});
-  } else if (st.comm->peer_failed()) {
-    // Nothing here may wait: no device synchronization, no deregistration (it may wait for a
-    // dead peer). An owned communicator is aborted, which releases the window, and frees the
-    // memory after that. Around the caller's ncclComm_t the window stays registered until the
-    // caller aborts it, so the memory is left to the process's end rather than freed under a
-    // live window.
-    if (st.ptr && st.comm->owns_comm) st.comm->orphaned.push_back(st.ptr);
-  } else {
-    cudaDeviceSynchronize();
-    if (st.window) ncclCommWindowDeregister(st.comm->comm, st.window);
-    if (st.ptr) ncclMemFree(st.ptr);
-  }
-  st.comm->release({peers_device_});
+  st.comm->free_window(st.window);
   if (prev >= 0) cudaSetDevice(prev);
 }
 
-void* SymmetricBuffer::peer(int r) const { return state_->peers.at(static_cast<size_t>(r)); }
+void* SymmetricBuffer::peer(int r) const { return state_->window.peers.at(static_cast<size_t>(r)); }
 
 void SymmetricBuffer::fill(uint32_t value, cudaStream_t stream) const {
   MHCCL_CUDA(kernels::launch_fill_u32(local_, bytes_ / 4, value, stream));

@@ -1,9 +1,12 @@
 // Communicator internals shared by the ops (not installed).
 #pragma once
 
+#include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/params.h"
@@ -20,7 +23,7 @@ struct Communicator::Impl {
   CommunicatorOptions options;
   bool reachable = false;
   cudaStream_t setup_stream = nullptr;  // construction-time work (fills, peer tables, barriers)
-  static constexpr int kSetupWords = 16;
+  static constexpr int kSetupWords = 256;
   int* setup_words = nullptr;           // device ints for the construction-time all-reduces
 
   // Error reporting (kernels/params.h, ErrorRecord).
@@ -29,6 +32,28 @@ struct Communicator::Impl {
   uint32_t* device_words = nullptr;               // [0, 1] the records' claims, [2] abort flag
   bool unusable = false;
   std::string unusable_reason;
+  // One allocation on every rank with every rank's address of it: an NCCL window (TP > 1,
+  // shared), or plain device memory of this rank only (`peers` then holds just it).
+  struct Window {
+    void* ptr = nullptr;
+    ncclWindow_t window = nullptr;
+    bool plain = false;
+    size_t bytes = 0;
+    std::vector<void*> peers;       // host copy of the table
+    void** peers_device = nullptr;  // device table [peers.size()]
+  };
+  // Collective where `shared` (every rank, same bytes): the memory filled with `fill` on every
+  // rank before any peer may store into it. Not shared: plain device memory.
+  void alloc_window(size_t bytes, uint32_t fill, bool shared, Window& w);
+  // Deregisters and frees (waiting for no peer after a peer failure: see release()).
+  void free_window(Window& w);
+  // The fault words (kernels/params.h, fault_word; PROTOCOL.md I13): one uint32 a rank, shared
+  // over the group where peers are reachable (every rank's kernels store a fault into every
+  // rank's word), this rank's alone otherwise.
+  Window fault_window;
+  uint32_t* fault_word_local() const { return static_cast<uint32_t*>(fault_window.peers[plain_fault() ? 0 : rank]); }
+  bool plain_fault() const { return fault_window.plain; }
+
   // Symmetric allocations left by buffers destroyed after a peer failed: freed only after
   // ncclCommAbort has released their windows (deregistration may wait for the dead peer).
   std::vector<void*> orphaned;
@@ -61,6 +86,23 @@ struct Communicator::Impl {
   void all_reduce_ints(int* values, int n, ncclRedOp_t op);
   // Every rank's setup work done (collective; used at construction time only).
   void barrier();
+  // Construction agrees on the configuration (collective; PROTOCOL.md I14): every rank passes
+  // the same named fields in the same order, and `local_error`, what checking this rank's
+  // configuration threw (null when it is valid). If any rank's is invalid, or any field differs
+  // between ranks, every rank throws: this rank's own error, or Error(kInvalidArgument) naming
+  // the fields that differ. Call it before anything is sized from the configuration.
+  void agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
+             std::exception_ptr local_error);
 };
+
+namespace comm {
+// The configuration agreement's two halves (Communicator::Impl::agree), pure functions so that
+// CPU tests can model several ranks: the ints a rank contributes to the all-reduce (ncclMax),
+// and, from the reduced ints, "" when every rank passed the same valid configuration or else
+// the error this rank throws.
+using ConfigFields = std::vector<std::pair<const char*, int64_t>>;
+std::vector<int> agreement_words(const ConfigFields& fields, bool valid);
+std::string agreement_error(const char* what, int rank, const ConfigFields& fields, const std::vector<int>& reduced);
+}  // namespace comm
 
 }  // namespace mhccl

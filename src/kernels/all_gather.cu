@@ -32,11 +32,15 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   uint4 head = make_uint4(0, 0, 0, 0);
   if (first < p.packs) head = ld_input(in + first);
   const Generation g = read_generation(p.state);
+  const uint32_t fault = load_fault(p.err);  // in flight with the state's loads
   const uint32_t ticket = arrive_early(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
-  for (int64_t i = first; i < p.packs; i += step) {
+  // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I13); the waits below
+  // then end at once and the record says why.
+  const bool publish = first >= p.packs || may_publish(p.err, fault, WaitSite{kProtoAllGather, -1, g.current, first, g.calls});
+  for (int64_t i = first; publish && i < p.packs; i += step) {
     const uint4 v = publishable<WordLanes>(i == first ? head : ld_input(in + i));
 #pragma unroll
     for (int k = 1; k < kMaxTp; ++k) {
@@ -56,7 +60,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
       if (k >= p.tp) continue;
       const int r = (p.rank + k) % p.tp;
       const uint4* slot = local + (static_cast<int64_t>(g.current) * p.tp + r) * cap + i;
-      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i});
+      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i, g.calls});
       out[r * p.packs + i] = v[k];
     }
   }
@@ -98,6 +102,16 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
   const int64_t threads = std::min<int64_t>(kAllGatherThreads, ((p.packs + ctas - 1) / ctas + 31) / 32 * 32);
   return launch_ex(all_gather_kernel, p, dim3(static_cast<unsigned>(ctas)),
                    dim3(static_cast<unsigned>(std::max<int64_t>(32, threads))), 0, stream, pdl);
+}
+
+cudaError_t preload_all_gather_kernels() {
+  for (const void* fn : {reinterpret_cast<const void*>(all_gather_kernel), reinterpret_cast<const void*>(fill_u32_kernel),
+                         reinterpret_cast<const void*>(strided_copy_kernel)}) {
+    cudaFuncAttributes attr;
+    const cudaError_t st = cudaFuncGetAttributes(&attr, fn);
+    if (st != cudaSuccess) return st;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 // through distributed shared memory).
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include <cooperative_groups.h>
 #include <cuda/ptx>
@@ -236,9 +237,12 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
   // The generation is read before the dependents may start (they end the call and advance it).
-  const uint32_t gen = p.dest == PublishDest::kLocal ? 0u : p.state->generation;
+  Generation g{0, 0, 0, 0};
+  if (p.dest != PublishDest::kLocal) g = read_generation(p.state);
+  const uint32_t gen = g.current;
   pdl_launch_dependents();
   if (!rp.active) return;
+  const uint32_t fault = p.dest == PublishDest::kLocal ? 0u : load_fault(p.err);
   const int64_t np = p.np;
   uint4 v;
   if constexpr (kFinalize) {
@@ -250,6 +254,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
     static_cast<uint4*>(p.targets[0])[rp.row * np + rp.pack] = v;
     return;
   }
+  const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
+  if (!may_publish(p.err, fault, WaitSite{proto, -1, gen, rp.row, g.calls})) return;
   v = publishable<Bf16Lanes>(v);
   if (p.dest == PublishDest::kAllRanks) {
     store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
@@ -262,9 +268,12 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
 // Two-shot owner: owned row j (row j * tp + rank) of this pack summed over the tp sources' slots
 // of `contributions` [gen][source][owned row][np] in rank order, rounded to BF16 and stored into
 // every rank's reduced buffer [gen][reduced_rows][np] (`reduced`: tp bases).
+// A reduced row goes out only when every contribution arrived and no fault stands: an owner
+// never stores a row that misses a rank's contribution (its peers would consume it as right).
 __device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
                                                   int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
-                                                  int np, int pack, uint32_t gen, const ErrorSink& err) {
+                                                  int np, int pack, const Generation& g, const ErrorSink& err) {
+  const uint32_t gen = g.current;
   const int64_t slot_packs = owner_rows * np;
   const int64_t row = j * tp + rank;
   const uint4* slot = static_cast<const uint4*>(contributions) +
@@ -273,15 +282,18 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 #pragma unroll
   for (int r = 0; r < kMaxTp; ++r) if (r < tp) v[r] = ld_volatile(slot + r * slot_packs);
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  bool arrived = true;
 #pragma unroll
   for (int r = 0; r < kMaxTp; ++r) {
     if (r >= tp) continue;
-    wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row});
+    arrived &= wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row, g.calls});
     float f[8];
     unpack_bf16(v[r], f);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
   }
+  // The fault word is read after the waits: a fault raised while this owner waited stops it.
+  if (!arrived || !may_publish(err, load_fault(err), WaitSite{kProtoTwoShotOwner, -1, gen, row, g.calls})) return;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
@@ -300,8 +312,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   if (!rp.active || row >= p.m) return;
-  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack,
-                    g.current, p.err);
+  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, g,
+                    p.err);
 }
 
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
@@ -457,13 +469,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // whose arithmetic would hold a later state load back): the state's round trip overlaps the
   // first of the row's.
   uint4 mine = make_uint4(0, 0, 0, 0);
-  Generation g{0, 0, 0};
+  Generation g{0, 0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
     g = read_generation(p.state);
+    const uint32_t fault = publish ? load_fault(p.err) : 0u;  // in flight with the state's loads
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-    if (publish) {
+    if (publish && may_publish(p.err, fault, WaitSite{p.protocol, -1, g.current, row, g.calls})) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
                      publishable<Bf16Lanes>(mine));
     }
@@ -502,7 +515,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
         if (r >= p.nslots) continue;
         const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
         wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p),
-                             WaitSite{p.protocol, peer, g.current, row});
+                             WaitSite{p.protocol, peer, g.current, row, g.calls});
         float f[8];
         unpack_bf16(v[r], f);
 #pragma unroll
@@ -534,11 +547,17 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
 // slot [gen][rank][row / tp] of the owner (rank row % tp). Several rows in flight a thread for
 // x; the finalize reduction has its own 8 loads in flight.
 template <bool kFin>
-__device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
+// Each row's stores go out only while no fault stands (this rank's fault word, loaded with the
+// row's inputs): once any rank of the group gave up a wait, the rest of the call publishes nothing.
+__device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Generation& gs, int64_t index,
+                                             int64_t count) {
+  const uint32_t gen = gs.current;
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
   const bool active = pack < np;  // each branch lets threads without a pack leave
   const bool two_shot = p.contributions != nullptr;
+  const uint32_t proto = two_shot ? kProtoTwoShotOwner : kProtoOneShot;
+  auto allowed = [&](uint32_t fault, int64_t row) { return may_publish(p.err, fault, WaitSite{proto, -1, gen, row, gs.calls}); };
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
     if (!two_shot) {
@@ -553,12 +572,14 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
     constexpr int kRows = 4;
     const uint4* x = static_cast<const uint4*>(p.x);
     for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
+      const uint32_t fault = load_fault(p.err);
       uint4 v[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
         if (row < p.m) v[u] = ld_input(x + row * np + pack);
       }
+      if (!allowed(fault, r0)) return;
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
@@ -586,12 +607,14 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
       const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+      const uint32_t fault = load_fault(p.err);
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
       if (more) load_routes(row + count, next);
       fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
                      pack == 0);
+      if (!allowed(fault, row)) return;
       store(row, add_shared_expert(acc, shared));
       if (more) {
 #pragma unroll
@@ -599,18 +622,24 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, uint32_t g
       }
     }
   } else if (active) {
-    for (int64_t row = index; row < p.m; row += count) store(row, finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0));
+    for (int64_t row = index; row < p.m; row += count) {
+      const uint32_t fault = load_fault(p.err);
+      const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
+      if (!allowed(fault, row)) return;
+      store(row, v);
+    }
   }
 }
 
 // Owner CTA `index` of `count` of a streaming two-shot call: this rank's owned rows j = index +
 // k * count (row j * tp + rank) into every rank's reduced buffer (slot_rows rows a generation).
-__device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, uint32_t gen, int64_t index, int64_t count) {
+__device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const Generation& g, int64_t index,
+                                                  int64_t count) {
   const int pack = static_cast<int>(threadIdx.x);
   if (pack >= p.np) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
   for (int64_t j = index; j < owned; j += count) {
-    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, gen, p.err);
+    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g, p.err);
   }
 }
 
@@ -623,7 +652,9 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, uint3
 // routes are then copied into shared memory too (one buffer, no registers held), while the next
 // row's copies are in flight: one dependent round trip a row.
 template <int HC, ConsumerInput IN, ConsumerVariant V>
-__device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t gen, int64_t first, int64_t step) {
+__device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Generation& g, int64_t first,
+                                             int64_t step) {
+  const uint32_t gen = g.current;
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   // [2][HC + inputs][blockDim.x]: residual streams, then inputs; kFinalize then
   // [min(top_k, kFinalizeGroup)][blockDim.x]: the current row's GEMM2 packs (streaming_smem).
@@ -719,7 +750,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, uint32_t g
         if constexpr (IN == ConsumerInput::kPoll) {
           const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
           wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
-                               WaitSite{p.protocol, peer, gen, row});
+                               WaitSite{p.protocol, peer, gen, row, g.calls});
         } else if constexpr (IN == ConsumerInput::kFinalize) {
           // x = bf16(sum_k w[k] * gemm2[route[k]] + shared): finalize_pack's order and bits (v
           // holds the shared expert's pack). The residual streams are read from shared memory
@@ -794,17 +825,17 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     const uint32_t ticket = role_ticket;
     const int64_t publishers = p.publisher_ctas, roles = publishers + p.reducer_ctas;
     if (ticket < publishers) {
-      publish_rows<kFin>(p, g.current, ticket, publishers);
+      publish_rows<kFin>(p, g, ticket, publishers);
     } else if (ticket < roles) {
-      reduce_owned_rows(p, g.current, ticket - publishers, roles - publishers);
+      reduce_owned_rows(p, g, ticket - publishers, roles - publishers);
     } else {
-      consume_rows<HC, IN, V>(p, g.current, ticket - roles, static_cast<int64_t>(gridDim.x) - roles);
+      consume_rows<HC, IN, V>(p, g, ticket - roles, static_cast<int64_t>(gridDim.x) - roles);
     }
     if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
     end_polling_call(p, g, ticket);
   } else {
     pdl_launch_dependents();
-    consume_rows<HC, IN, V>(p, 0, blockIdx.x, gridDim.x);
+    consume_rows<HC, IN, V>(p, Generation{0, 0, 0, 0}, blockIdx.x, gridDim.x);
     if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
   }
 }
@@ -965,6 +996,28 @@ bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
     return p.contributions == nullptr && p.m >= kPollStreamingMinRows;
   }
   return p.m > p.streaming_ctas - roles;
+}
+
+cudaError_t preload_all_reduce_mhc_kernels(int hc) {
+  std::vector<const void*> fns = {reinterpret_cast<const void*>(publish_kernel<false>),
+                                  reinterpret_cast<const void*>(publish_kernel<true>),
+                                  reinterpret_cast<const void*>(owner_reduce_kernel)};
+  for (const ConsumerInput in : {ConsumerInput::kPoll, ConsumerInput::kDirect, ConsumerInput::kFinalize}) {
+    for (const ConsumerVariant v : {ConsumerVariant::kPlain, ConsumerVariant::kMxfp8, ConsumerVariant::kResidualOnly}) {
+      fns.push_back(reinterpret_cast<const void*>(consumer_for(hc, in, v)));
+      for (const bool fin : {false, true}) {
+        if (fin && in != ConsumerInput::kPoll) continue;
+        fns.push_back(reinterpret_cast<const void*>(streaming_consumer_for(hc, in, v, fin)));
+      }
+    }
+  }
+  for (const void* fn : fns) {
+    if (fn == nullptr) return cudaErrorInvalidValue;
+    cudaFuncAttributes attr;
+    const cudaError_t st = cudaFuncGetAttributes(&attr, fn);
+    if (st != cudaSuccess) return st;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,

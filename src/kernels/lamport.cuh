@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include <cuda/atomic>
+
 #include "kernels/params.h"
 #include "mhccl/bf16.h"
 
@@ -39,6 +41,13 @@ __device__ __forceinline__ void st_volatile(void* p, uint4 v) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)
                : "memory");
+}
+// A relaxed GPU-scope load: the protocol state, where a kernel reads it without
+// griddepcontrol.wait (PDL promises no cache invalidation then; a cached copy could be stale).
+__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 // Read-only inputs of the kernel (written by predecessors, stable during it).
 __device__ __forceinline__ uint4 ld_input(const void* p) {
@@ -105,7 +114,7 @@ __device__ __forceinline__ void* owner_target(void* const (&targets)[kMaxTp], in
 // --- Errors ----------------------------------------------------------------------------------
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,
-                                             int64_t value) {
+                                             int64_t value, uint32_t call = 0) {
   const int slot = code == kWaitTimeout ? kTimeoutRecord : kRouteRecord;
   volatile ErrorRecord* r = e.records + slot;
   const uint32_t epoch = r->epoch;
@@ -117,24 +126,60 @@ __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, 
   r->generation = generation;
   r->row = static_cast<int32_t>(row);
   r->value = value;
+  r->call = call;
   __threadfence_system();
   r->ready = epoch + 1;
   __threadfence_system();
 }
 
-// Where a wait waits, for the error record.
+// Where a wait (or a publish) is, for the error record.
 struct WaitSite {
   uint32_t protocol;
   int peer;
   uint32_t generation;
   int64_t row;
+  uint32_t call;  // Generation::calls
 };
+
+// --- Fault containment (PROTOCOL.md, I13) ----------------------------------------------------
+// This rank's fault word (params.h, fault_word): 0 while no rank of the group gave up a wait.
+// System scope: peers store into it over NVLink.
+__device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
+  return cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault).load(cuda::memory_order_relaxed);
+}
+// A wait of this rank for `waited_for` expired: every rank's fault word (this one's too) names
+// this rank, unless an earlier fault already stands there (the first one stays).
+__device__ __forceinline__ void raise_fault(const ErrorSink& e, int waited_for) {
+  const uint32_t w = fault_word(e.rank, waited_for);
+  for (int r = 0; r < e.fault_ranks; ++r) {
+    uint32_t expected = 0;
+    cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault_peers[r])
+        .compare_exchange_strong(expected, w, cuda::memory_order_relaxed);
+  }
+}
+// A fault seen here: recorded on this rank (the timeout record: fatal), naming the rank that
+// timed out and the one it waited for. Where this rank timed out itself, its kWaitTimeout record
+// stands already (the first record of its kind wins).
+__device__ __forceinline__ void record_fault(const ErrorSink& e, uint32_t f, const WaitSite& site) {
+  record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row,
+               fault_waited_for(f), site.call);
+}
+// Whether this thread may store into peers' mailboxes, given `f`, this rank's fault word loaded
+// by the caller (early, so that its round trip overlaps the loads of what is published): no
+// fault raised anywhere in the group as far as this rank's word shows. A publish that is dropped
+// records the fault, so the host of this rank reports it and the call's outputs are never taken
+// for right.
+__device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t f, const WaitSite& site) {
+  if (f == 0) return true;
+  record_fault(e, f, site);
+  return false;
+}
 
 // The one bounded wait: re-loads *slot until no lane holds the sentinel. `v` holds a first load
 // made by the caller (so several slots' loads can be in flight together). Returns false when
-// the spin budget expired (recorded, and every other wait of the communicator is told to stop)
-// or another wait already expired; the caller then goes on with whatever it holds, so the
-// kernel ends and the host reports the error.
+// the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
+// of the group was seen (recorded); the caller then stores nothing more into any mailbox and
+// goes on with whatever it holds, so the kernel ends and the host reports the error.
 template <class Lanes>
 __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e,
                                           const WaitSite& site) {
@@ -144,10 +189,14 @@ __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const Erro
     v = ld_volatile(slot);
     if (!Lanes::pending(v)) return true;
     if ((spin & 255u) == 0) {
-      if (*reinterpret_cast<volatile uint32_t*>(e.abort_flag) != 0) return false;
+      const uint32_t f = load_fault(e);
+      if (f != 0) {
+        record_fault(e, f, site);
+        return false;
+      }
       if (global_timer_ns() - start > e.timeout_ns) {
-        record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0);
-        atomicExch(e.abort_flag, 1u);
+        record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, site.call);
+        raise_fault(e, site.peer);
         return false;
       }
     }
@@ -159,12 +208,16 @@ struct Generation {
   uint32_t current;   // slots this call writes and reads
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
+  uint32_t calls;     // calls of this protocol before this one (for error records)
 };
+// Relaxed GPU-scope loads: some kernels read the state without griddepcontrol.wait (after our
+// own publish), where a cacheable load could see a stale line.
 __device__ __forceinline__ Generation read_generation(const LamportState* s) {
   Generation g;
-  g.current = s->generation;
+  g.current = ld_relaxed_gpu(&s->generation);
   g.previous = (g.current + kGenerations - 1) % kGenerations;
-  g.prev_rows = s->prev_rows;
+  g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
+  g.calls = ld_relaxed_gpu(&s->calls);
   return g;
 }
 

@@ -57,6 +57,14 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
+// Loads every kernel an op can launch (cudaFuncGetAttributes: with CUDA's lazy loading a kernel
+// is otherwise loaded at its first launch, inside a call, where that could wait behind a peer's
+// spinning kernel). AllReduceMHC: every publish, owner-reduce and consumer kernel of an epilogue
+// over hc streams (every input, variant and the streaming ones); the all-gather: its kernel and
+// the fill and strided-copy kernels.
+cudaError_t preload_all_reduce_mhc_kernels(int hc);
+cudaError_t preload_all_gather_kernels();
+
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream);
 

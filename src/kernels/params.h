@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "mhccl/bf16.h"  // MHCCL_HD
+
 namespace mhccl::kernels {
 
 constexpr int kGenerations = 3;  // call k uses generation k % 3 and resets k-1's (PROTOCOL.md)
@@ -21,7 +23,7 @@ constexpr int kMaxCtasPerRow = 8;  // portable cluster size
 // a record with a CAS of its device claim word from epoch to epoch + 1 (the first error of its
 // kind wins), writes the fields, then sets ready = epoch + 1 last, so the host never reads a
 // half-written record. The host consumes it by advancing epoch.
-enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2 };
+enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2, kPeerFault = 3 };
 enum OpKind : uint32_t { kOpAllGather = 1, kOpAllReduceCall = 2, kOpAllReduceFinalize = 3 };
 enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProtoTwoShotReduced = 3,
                                kProtoAllGather = 4 };
@@ -32,11 +34,25 @@ struct ErrorRecord {
   uint32_t code;
   uint32_t op;
   uint32_t protocol;
-  int32_t peer;        // rank waited for (timeout)
+  int32_t peer;        // rank waited for (timeout); kPeerFault: the rank that first timed out
   uint32_t generation;
   int32_t row;         // row (or pack, for the all-gather) waited for / with the bad route
-  int64_t value;       // the bad route index
+  int64_t value;       // the bad route index; kPeerFault: the rank that rank waited for
+  uint32_t call;       // this rank's call of the protocol (its state's call count) that recorded it
+  uint32_t pad;
 };
+
+// The fault word (one per rank, in the communicator's symmetric fault window): 0 while every
+// wait of the group completed. A rank whose wait expires stores fault_word(itself, the peer it
+// waited for) into every rank's word (its own too); every wait and every publish of every rank
+// watches its own word, so that once any rank gave up, no rank stores into a mailbox again and
+// every rank's waits end at once with an error naming the rank that timed out (PROTOCOL.md, I13).
+constexpr uint32_t kFaultRaised = 0x80000000u;
+MHCCL_HD constexpr uint32_t fault_word(int timed_out_rank, int waited_for) {
+  return kFaultRaised | (static_cast<uint32_t>(waited_for) << 8) | static_cast<uint32_t>(timed_out_rank);
+}
+MHCCL_HD constexpr int fault_timed_out_rank(uint32_t w) { return static_cast<int>(w & 0xFFu); }
+MHCCL_HD constexpr int fault_waited_for(uint32_t w) { return static_cast<int>((w >> 8) & 0xFFu); }
 
 constexpr int kTimeoutRecord = 0;
 constexpr int kRouteRecord = 1;
@@ -44,7 +60,10 @@ constexpr int kRouteRecord = 1;
 struct ErrorSink {
   ErrorRecord* records;  // [2] host-mapped, pinned
   uint32_t* claims;      // [2] device memory: CAS targets, equal to their record's epoch while free
-  uint32_t* abort_flag;  // device memory: set once a wait expired, so other waits stop early
+  uint32_t* fault;       // this rank's fault word (fault_word above), read by every wait and publish
+  uint32_t* const* fault_peers;  // device array [fault_ranks]: every rank's fault word (this one's too)
+  int fault_ranks;       // tp where the fault window is shared; 1 (this rank's word) otherwise
+  int rank;              // this rank, as fault_word names it
   uint64_t timeout_ns;   // spin budget of one wait
   uint32_t op;
 };

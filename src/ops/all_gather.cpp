@@ -2,6 +2,7 @@
 #include "mhccl/all_gather.h"
 
 #include <cstdlib>
+#include <exception>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
@@ -25,12 +26,25 @@ struct LamportAllGather::Impl {
 
 LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes)
     : impl_(std::make_unique<Impl>()) {
-  check_all_gather_config(rank_capacity_bytes);
   Impl& im = *impl_;
   im.comm = comm.impl();
   im.comm->check();  // fatal errors only; route reports stay for check_errors()
+  // Checked here, thrown after the agreement (on every rank alike: none leaves the collective).
+  std::exception_ptr local_error;
+  try {
+    check_all_gather_config(rank_capacity_bytes);
+    // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
+    long long v = 0;
+    if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);
+  } catch (const Error&) {
+    local_error = std::current_exception();
+  }
+  im.comm->agree("LamportAllGather",
+                 {{"rank_capacity_bytes", rank_capacity_bytes}, {"MHCCL_ALLGATHER_PACKS_PER_CTA", im.packs_per_cta}},
+                 local_error);
   im.capacity = rank_capacity_bytes;
   detail::DeviceGuard guard(im.comm->device);
+  MHCCL_CUDA(kernels::preload_all_gather_kernels());
   if (im.comm->tp > 1 && im.comm->reachable) {
     im.mailbox = comm.alloc_symmetric(
         static_cast<size_t>(kernels::kGenerations * im.comm->tp * rank_capacity_bytes),
@@ -40,9 +54,6 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     MHCCL_CUDA(cudaStreamSynchronize(im.comm->setup_stream));
   }
   MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
-  // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
-  long long v = 0;
-  if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);
 }
 
 LamportAllGather::~LamportAllGather() = default;

@@ -2,8 +2,9 @@
 #include "mhccl/all_reduce_mhc.h"
 
 #include <algorithm>
-#include <limits>
 #include <cstdlib>
+#include <exception>
+#include <limits>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
@@ -86,6 +87,35 @@ struct AllReduceMHC::Impl {
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
+  }
+
+  // The configuration checked (check_all_reduce_mhc_config) and resolved: default thresholds,
+  // and the launch-shape overrides of the environment. Throws on a bad value.
+  void configure(const AllReduceMHCConfig& config) {
+    check_all_reduce_mhc_config(config, comm->tp);
+    cfg = config;
+    if (cfg.two_shot_min_rows == 0) cfg.two_shot_min_rows = default_two_shot_min_rows(comm->tp, false);
+    if (cfg.two_shot_min_finalize_rows == 0) {
+      cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(comm->tp, true);
+    }
+    // The NCCL path in the automatic choice: never by default. NCCL's wait for a dead peer has no
+    // budget (no kPeerTimeout, I12), which the Lamport paths promise; a caller who trades that for
+    // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE.md).
+    if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
+    if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
+    np = static_cast<int>(cfg.hidden_size / 8);
+    // Benchmark A/B only, set alike on every rank (agreed at construction like the config): CTAs
+    // a row, whether the consumers stream, and the role CTAs of a streaming Lamport call
+    // (publishers: call and finalize, one-shot and two-shot alike; two-shot's owners).
+    long long v = 0;
+    if (detail::env_int("MHCCL_CTAS_PER_ROW", 0, kernels::kMaxCtasPerRow, &v)) ctas_per_row = static_cast<int>(v);
+    if (detail::env_int("MHCCL_STREAMING_MIN_ROWS", -1, std::numeric_limits<int32_t>::max(), &v)) {
+      cfg.streaming_min_rows = v;
+    }
+    if (detail::env_int("MHCCL_STREAM_PUBLISHERS", 1, 1024, &v)) {
+      publisher_ctas[0] = publisher_ctas[1] = static_cast<int>(v);
+    }
+    if (detail::env_int("MHCCL_STREAM_REDUCERS", 1, 1024, &v)) reducer_ctas = static_cast<int>(v);
   }
 
   int64_t threshold(bool finalize) const {
@@ -346,34 +376,38 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   im.comm = comm.impl();
   Communicator::Impl& c = *im.comm;
   c.check();
-  check_all_reduce_mhc_config(config, c.tp);
-  im.cfg = config;
-  AllReduceMHCConfig& cfg = im.cfg;
-  if (cfg.two_shot_min_rows == 0) cfg.two_shot_min_rows = default_two_shot_min_rows(c.tp, false);
-  if (cfg.two_shot_min_finalize_rows == 0) {
-    cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(c.tp, true);
+  // This rank's configuration, checked and resolved; an error waits for the agreement below, so
+  // that every rank throws (a rank leaving alone would leave its peers in the collective).
+  std::exception_ptr local_error;
+  try {
+    im.configure(config);
+  } catch (const Error&) {
+    local_error = std::current_exception();
   }
-  // The NCCL path in the automatic choice: never by default. NCCL's wait for a dead peer has no
-  // budget (no kPeerTimeout, I12), which the Lamport paths promise; a caller who trades that for
-  // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE.md).
-  if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
-  if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
-  im.np = static_cast<int>(cfg.hidden_size / 8);
-  // Benchmark A/B only, set alike on every rank (checked like the config: a bad value throws):
-  // CTAs a row, whether the consumers stream, and the role CTAs of a streaming Lamport call
-  // (publishers: call and finalize, one-shot and two-shot alike; two-shot's owners). Ranks that
-  // differ here still cannot hang (a rank waits only for its peers' data, never for a launch
-  // shape), but the launch shapes are then rank-dependent.
-  long long v = 0;
-  if (detail::env_int("MHCCL_CTAS_PER_ROW", 0, kernels::kMaxCtasPerRow, &v)) im.ctas_per_row = static_cast<int>(v);
-  if (detail::env_int("MHCCL_STREAMING_MIN_ROWS", -1, std::numeric_limits<int32_t>::max(), &v)) {
-    cfg.streaming_min_rows = v;
-  }
-  if (detail::env_int("MHCCL_STREAM_PUBLISHERS", 1, 1024, &v)) {
-    im.publisher_ctas[0] = im.publisher_ctas[1] = static_cast<int>(v);
-  }
-  if (detail::env_int("MHCCL_STREAM_REDUCERS", 1, 1024, &v)) im.reducer_ctas = static_cast<int>(v);
+  const AllReduceMHCConfig& cfg = im.cfg;
+  c.agree("AllReduceMHC",
+          {{"hidden_size", cfg.hidden_size},
+           {"hc_mult", cfg.hc_mult},
+           {"max_num_tokens", cfg.max_num_tokens},
+           {"top_k", cfg.top_k},
+           {"quantize_layer_input", cfg.quantize_layer_input},
+           {"residual_only", cfg.residual_only},
+           {"two_shot_min_rows", cfg.two_shot_min_rows},
+           {"two_shot_min_finalize_rows", cfg.two_shot_min_finalize_rows},
+           {"nccl_min_rows", cfg.nccl_min_rows},
+           {"nccl_min_finalize_rows", cfg.nccl_min_finalize_rows},
+           {"enable_pdl", cfg.enable_pdl},
+           {"single_launch_max_rows", cfg.single_launch_max_rows},
+           {"streaming_min_rows (or MHCCL_STREAMING_MIN_ROWS)", cfg.streaming_min_rows},
+           {"lamport_self_test", cfg.lamport_self_test},
+           {"MHCCL_CTAS_PER_ROW", im.ctas_per_row},
+           {"MHCCL_STREAM_PUBLISHERS (call)", im.publisher_ctas[0]},
+           {"MHCCL_STREAM_PUBLISHERS (finalize)", im.publisher_ctas[1]},
+           {"MHCCL_STREAM_REDUCERS", im.reducer_ctas},
+           {"force_nccl_fallback", c.options.force_nccl_fallback}},
+          local_error);
   detail::DeviceGuard guard(c.device);
+  MHCCL_CUDA(kernels::preload_all_reduce_mhc_kernels(cfg.hc_mult));
   const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
   im.agree_streaming_grid(mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;

@@ -2,6 +2,11 @@
 // driven here by writing the records as a kernel would: a timeout is never hidden by a route
 // report nobody has read, timeouts make the communicator unusable, route reports reach
 // check_errors() only and once, and peer_failed() (teardown without waiting) follows timeouts.
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "comm/communicator_impl.h"
@@ -79,6 +84,99 @@ TEST_F(ErrorRecords, NothingRecordedNothingThrown) {
   EXPECT_FALSE(im.peer_failed());
   records[kernels::kTimeoutRecord].ready = 5;  // a stale ready of an older epoch is not an error
   EXPECT_NO_THROW(im.check(true));
+}
+
+// Another rank timed out and raised the fault; a wait of this rank saw it (kPeerFault): the
+// next op call throws kPeerTimeout naming the rank that timed out and the one it waited for, and
+// the communicator is unusable from then on.
+TEST_F(ErrorRecords, PeerFaultNamesTheRankThatTimedOut) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, /*timed out*/ 1, /*waited for*/ 0);
+  EXPECT_TRUE(im.peer_failed());
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no fault reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
+    EXPECT_NE(std::string(e.what()).find("rank 1 waited for rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+
+TEST(FaultWord, EncodesTheTimedOutRankAndThePeerItWaitedFor) {
+  for (int a = 0; a < kernels::kMaxTp; ++a) {
+    for (int b = 0; b < kernels::kMaxTp; ++b) {
+      const uint32_t w = kernels::fault_word(a, b);
+      EXPECT_NE(w, 0u);  // 0 means "no fault"
+      EXPECT_EQ(kernels::fault_timed_out_rank(w), a);
+      EXPECT_EQ(kernels::fault_waited_for(w), b);
+    }
+  }
+}
+
+// The configuration agreement (Communicator::Impl::agree) modelled over several ranks: each
+// rank's words, their elementwise max (what ncclMax gives every rank), and each rank's verdict.
+std::vector<std::string> agree_model(const std::vector<comm::ConfigFields>& ranks, const std::vector<bool>& valid) {
+  std::vector<int> reduced;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::vector<int> w = comm::agreement_words(ranks[r], valid[r]);
+    if (reduced.empty()) reduced = w;
+    for (size_t i = 0; i < w.size(); ++i) reduced[i] = std::max(reduced[i], w[i]);
+  }
+  std::vector<std::string> verdicts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    verdicts.push_back(comm::agreement_error("AllReduceMHC", static_cast<int>(r), ranks[r], reduced));
+  }
+  return verdicts;
+}
+
+comm::ConfigFields config_fields(int64_t capacity, int64_t two_shot, int64_t hidden = 5120) {
+  return {{"hidden_size", hidden}, {"max_num_tokens", capacity}, {"two_shot_min_rows", two_shot}, {"hc_mult", 4}};
+}
+
+TEST(ConfigAgreement, SameConfigurationAgrees) {
+  for (const int tp : {1, 2, 4, 8}) {
+    const std::vector<comm::ConfigFields> ranks(tp, config_fields(256, std::numeric_limits<int64_t>::max()));
+    for (const std::string& v : agree_model(ranks, std::vector<bool>(tp, true))) EXPECT_EQ(v, "") << "tp=" << tp;
+  }
+}
+
+TEST(ConfigAgreement, EveryRankNamesTheFieldThatDiffers) {
+  // Rank 1 with another max_num_tokens, then another two-shot threshold (a 64-bit value whose
+  // high half differs only: INT64_MAX against 2048), at TP = 2 and 4.
+  for (const int tp : {2, 4}) {
+    for (const int field : {1, 2}) {
+      std::vector<comm::ConfigFields> ranks(tp, config_fields(256, std::numeric_limits<int64_t>::max()));
+      if (field == 1) ranks[1] = config_fields(512, std::numeric_limits<int64_t>::max());
+      else ranks[1] = config_fields(256, 2048);
+      const char* name = field == 1 ? "max_num_tokens" : "two_shot_min_rows";
+      const std::vector<std::string> v = agree_model(ranks, std::vector<bool>(tp, true));
+      for (int r = 0; r < tp; ++r) {
+        EXPECT_NE(v[r].find(name), std::string::npos) << "tp=" << tp << " rank " << r << ": " << v[r];
+        EXPECT_EQ(v[r].find(field == 1 ? "two_shot_min_rows" : "max_num_tokens"), std::string::npos) << v[r];
+        EXPECT_NE(v[r].find("rank " + std::to_string(r)), std::string::npos) << v[r];
+      }
+    }
+  }
+}
+
+TEST(ConfigAgreement, OneInvalidRankFailsEveryRank) {
+  // Rank 2's configuration failed its own check: it rethrows its error, the others say why they throw.
+  const std::vector<comm::ConfigFields> ranks(4, config_fields(256, 384));
+  const std::vector<std::string> v = agree_model(ranks, {true, true, false, true});
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(v[r].find("another rank's configuration is invalid"), std::string::npos) << r << ": " << v[r];
+  }
+}
+
+TEST(ConfigAgreement, NegativeAndExtremeValuesCompareExactly) {
+  for (const int64_t a : {int64_t{-1}, int64_t{0}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    for (const int64_t b : {int64_t{-1}, int64_t{0}, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+      const std::vector<comm::ConfigFields> ranks = {config_fields(256, a), config_fields(256, b)};
+      const std::vector<std::string> v = agree_model(ranks, {true, true});
+      EXPECT_EQ(v[0].empty(), a == b) << a << " vs " << b << ": " << v[0];
+      EXPECT_EQ(v[1].empty(), a == b);
+    }
+  }
 }
 
 }  // namespace

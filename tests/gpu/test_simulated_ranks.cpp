@@ -61,13 +61,19 @@ struct SimRank {
 
 // One error sink for every simulated rank, in device memory (the library's is host-mapped): an
 // expired wait fails a test with its record instead of hanging it.
+// Its fault word is one word shared by every simulated rank (the test's ranks stop together).
 struct SimErrors {
-  SimErrors(uint64_t timeout_ns, uint32_t op) : records(2 * sizeof(ErrorRecord)), words(16) {
+  SimErrors(uint64_t timeout_ns, uint32_t op) : records(2 * sizeof(ErrorRecord)), words(16), table(sizeof(void*)) {
     MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
     MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+    uint32_t* fault = words.as<uint32_t>() + 2;
+    MHCCL_TEST_CUDA(cudaMemcpy(table.get(), &fault, sizeof(fault), cudaMemcpyHostToDevice));
     sink.records = records.as<ErrorRecord>();
     sink.claims = words.as<uint32_t>();
-    sink.abort_flag = words.as<uint32_t>() + 2;
+    sink.fault = fault;
+    sink.fault_peers = table.as<uint32_t*>();
+    sink.fault_ranks = 1;
+    sink.rank = 0;
     sink.timeout_ns = timeout_ns;
     sink.op = op;
   }
@@ -77,7 +83,7 @@ struct SimErrors {
     MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
     return rec[kTimeoutRecord];
   }
-  DeviceBuffer records, words;
+  DeviceBuffer records, words, table;
   ErrorSink sink{};
 };
 

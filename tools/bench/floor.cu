@@ -54,7 +54,7 @@ __global__ void floor_poll(const FloorParams p) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < p.tp; ++r) {
       uint4 v = ld_volatile(base + r * slot);
-      wait_slot<Bf16Lanes>(base + r * slot, v, p.err, WaitSite{kProtoOneShot, r, g.current, rp.row});
+      wait_slot<Bf16Lanes>(base + r * slot, v, p.err, WaitSite{kProtoOneShot, r, g.current, rp.row, g.calls});
       float f[8];
       unpack_bf16(v, f);
       for (int e = 0; e < 8; ++e) acc[e] += f[e];
@@ -106,15 +106,19 @@ void LamportFloor::run(const void* x, void* y, int64_t m, cudaStream_t stream) {
   p.tiling = row_tiling(p.np, m, 1);
   p.state = static_cast<LamportState*>(state_);
   // Waits of the floor report nowhere: a stand-in sink whose budget is generous.
-  static uint32_t* words = nullptr;
+  static uint32_t* words = nullptr;  // [0, 1] claims, [2] this rank's own fault word
+  static uint32_t** fault_table = nullptr;
   static ErrorRecord* record = nullptr;
   if (!words) {
-    MHCCL_TEST_CUDA(cudaMalloc(&words, 8));
-    MHCCL_TEST_CUDA(cudaMemset(words, 0, 8));
-    MHCCL_TEST_CUDA(cudaMalloc(&record, sizeof(ErrorRecord)));
-    MHCCL_TEST_CUDA(cudaMemset(record, 0, sizeof(ErrorRecord)));
+    MHCCL_TEST_CUDA(cudaMalloc(&words, 16));
+    MHCCL_TEST_CUDA(cudaMemset(words, 0, 16));
+    MHCCL_TEST_CUDA(cudaMalloc(&fault_table, sizeof(uint32_t*)));
+    uint32_t* fault = words + 2;
+    MHCCL_TEST_CUDA(cudaMemcpy(fault_table, &fault, sizeof(fault), cudaMemcpyHostToDevice));
+    MHCCL_TEST_CUDA(cudaMalloc(&record, 2 * sizeof(ErrorRecord)));
+    MHCCL_TEST_CUDA(cudaMemset(record, 0, 2 * sizeof(ErrorRecord)));
   }
-  p.err = ErrorSink{record, words, words + 1, 30ull * 1000000000ull, 0};
+  p.err = ErrorSink{record, words, words + 2, fault_table, 1, p.rank, 30ull * 1000000000ull, 0};
   p.single_launch = m * p.tiling.ctas_per_row <= kMaxSingleLaunchCtas;
   if (!p.single_launch) launch(floor_publish, p, stream);
   launch(floor_poll, p, stream);
