@@ -14,8 +14,11 @@
 //  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once).
 // The host-side choice between them (src/ops/all_reduce_mhc.cpp) runs in the other tests.
 // Likewise the all-gather kernel.
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
@@ -90,8 +93,11 @@ struct SimErrors {
 // The kernels' parameters of rank r for problem p, as src/ops/all_reduce_mhc.cpp builds them
 // (rotated one-shot targets, owners' mailboxes, rotated reduced buffers), from the ranks' own
 // buffers; the path's launch shape is set by the caller.
+// `bufs`: the rank's call buffers where they are not its own (the concurrent tests keep one set
+// a call, since no call's outputs are read before every call ran).
 void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Problem& p, Variant v, bool two_shot,
-                  const ErrorSink& err, PublishParams& pp, OwnerReduceParams& orp, ConsumerParams& cp) {
+                  const ErrorSink& err, PublishParams& pp, OwnerReduceParams& orp, ConsumerParams& cp,
+                  CallBuffers* bufs = nullptr) {
   const int tp = static_cast<int>(ranks.size());
   const int64_t m = p.m, kCap = ranks[0]->buf.rows;
   const int kHc = p.hc;
@@ -99,7 +105,7 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
   const int64_t owner_rows = (kCap + tp - 1) / tp;
   const bool fin = p.finalize;
   SimRank& k = *ranks[r];
-  CallBuffers& b = k.buf;
+  CallBuffers& b = bufs != nullptr ? *bufs : k.buf;
   pp = {};
   orp = {};
   cp = {};
@@ -399,6 +405,324 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
     cudaStreamDestroy(k.stream);
   }
 }
+
+// --- Concurrent ranks ---------------------------------------------------------------------------
+// R simulated ranks on one GPU, each with its own streams, protocol state, error records and
+// fault word (the ranks' fault words form one table, as the communicator's fault window does),
+// their calls enqueued back to back with no host synchronization between calls (as an engine
+// issues them): the orderings only concurrency produces, such as a peer one call ahead while
+// this rank's streaming kernel resets the previous generation, or a rank that times out while
+// its peers still run (PROTOCOL.md I4, I13). The launch sequence of each path is the library's
+// (src/ops/all_reduce_mhc.cpp): PDL on, a publish's consumer not waiting for its predecessor.
+// Every rank's grids together stay well within the device (a streaming grid at most 1/(4R) of the
+// streaming kernel's resident CTAs, CTA-per-row grids of a few rows; with PDL a rank may hold
+// two grids at once), so that no rank's spinning kernels can keep a peer's kernel from being
+// scheduled, which on real hardware (a GPU a rank) cannot happen.
+enum class Kind { kSingle, kPhasedOneShot, kTwoShot, kStreamOneShot, kStreamTwoShot };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kSingle: return "single launch";
+    case Kind::kPhasedOneShot: return "one-shot publish + consumer";
+    case Kind::kTwoShot: return "two-shot publish + owners + consumer";
+    case Kind::kStreamOneShot: return "streaming one-shot";
+    case Kind::kStreamTwoShot: return "streaming two-shot";
+  }
+  return "?";
+}
+bool kind_two_shot(Kind k) { return k == Kind::kTwoShot || k == Kind::kStreamTwoShot; }
+
+// One rank's error sink: records and claims in device memory, its fault word, and the table of
+// every rank's fault word (shared by the ranks).
+struct RankSink {
+  RankSink(uint64_t timeout_ns, int rank, int tp, uint32_t* const* table)
+      : records(2 * sizeof(ErrorRecord)), words(16) {
+    MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
+    MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
+    sink.records = records.as<ErrorRecord>();
+    sink.claims = words.as<uint32_t>();
+    sink.fault = words.as<uint32_t>() + 2;
+    sink.fault_peers = table;
+    sink.fault_ranks = tp;
+    sink.rank = rank;
+    sink.timeout_ns = timeout_ns;
+    sink.op = kOpAllReduceCall;
+  }
+  ErrorRecord timeout() const {
+    ErrorRecord rec[2];
+    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
+    return rec[kTimeoutRecord];
+  }
+  uint32_t fault() const {
+    uint32_t w = 0;
+    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 2, sizeof(w), cudaMemcpyDeviceToHost));
+    return w;
+  }
+  DeviceBuffer records, words;
+  ErrorSink sink{};
+};
+
+struct ConcurrentGroup {
+  ConcurrentGroup(int tp_, int64_t cap, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
+    for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(cap, kH, kHc, tp));
+    for (int r = 0; r < tp; ++r) sinks.push_back(std::make_unique<RankSink>(timeout_ns, r, tp, table.as<uint32_t*>()));
+    std::vector<uint32_t*> words;
+    for (auto& k : sinks) words.push_back(k->sink.fault);
+    MHCCL_TEST_CUDA(cudaMemcpy(table.get(), words.data(), words.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
+    for (const bool two_shot : {false, true}) {
+      resident[two_shot] = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, ConsumerVariant::kPlain,
+                                                            two_shot ? 1 : tp, big.threads);
+      for (const ConsumerVariant v : {ConsumerVariant::kMxfp8, ConsumerVariant::kResidualOnly}) {
+        resident[two_shot] = std::min(resident[two_shot], streaming_consumer_resident_ctas(
+                                                              kHc, ConsumerInput::kPoll, v, two_shot ? 1 : tp, big.threads));
+      }
+    }
+  }
+  static constexpr int64_t kH = 5120;
+  static constexpr int kHc = 4;
+  int tp;
+  DeviceBuffer table;
+  std::vector<std::unique_ptr<SimRank>> ranks;
+  std::vector<std::unique_ptr<RankSink>> sinks;
+  int resident[2] = {0, 0};
+
+  // Enqueues rank r's call of problem p on its stream, the library's way for `kind`.
+  void launch(int r, Kind kind, const Problem& p, Variant v, CallBuffers& b) {
+    const bool two_shot = kind_two_shot(kind);
+    PublishParams pp;
+    OwnerReduceParams orp;
+    ConsumerParams cp;
+    build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b);
+    const ConsumerVariant cv = v == Variant::kPlain ? ConsumerVariant::kPlain
+                               : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
+                                                      : ConsumerVariant::kResidualOnly;
+    cudaStream_t s = ranks[r]->stream;
+    switch (kind) {
+      case Kind::kSingle:
+        cp.publish_first = true;
+        break;
+      case Kind::kPhasedOneShot:
+      case Kind::kTwoShot:
+        MHCCL_TEST_CUDA(launch_publish(pp, s, true));
+        if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, true));
+        cp.wait_predecessor = false;
+        cp.streaming_min_rows = 0;
+        break;
+      case Kind::kStreamOneShot:
+      case Kind::kStreamTwoShot:
+        cp.tiling = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
+        cp.streaming_min_rows = 1;
+        cp.streaming_ctas = resident[two_shot] / (4 * tp);
+        cp.publisher_ctas = std::max(2, cp.streaming_ctas / 4);
+        cp.reducer_ctas = two_shot ? cp.publisher_ctas : 0;
+        ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << kind_name(kind) << " M=" << p.m;
+        break;
+    }
+    MHCCL_TEST_CUDA(launch_consumer(cp, kHc, ConsumerInput::kPoll, cv, s, true));
+  }
+};
+
+int64_t rows_for(Kind k, uint64_t pick) {
+  switch (k) {
+    case Kind::kSingle: return 1 + static_cast<int64_t>(pick % 3);
+    case Kind::kPhasedOneShot: return pick % 2 ? 5 : 8;
+    case Kind::kTwoShot: return pick % 2 ? 6 : 10;
+    default: return pick % 2 ? 40 : 100;
+  }
+}
+
+struct PlannedCall {
+  Kind kind;
+  Problem p;
+  Variant v;
+  std::vector<std::unique_ptr<CallBuffers>> bufs;  // a rank's
+  std::vector<uint64_t> delay_ns;                   // before the call, per rank
+};
+
+// `n` calls of every kind, call and finalize, every variant, in a seeded random order, with
+// random delays before some calls on some ranks; every rank's inputs uploaded.
+std::vector<PlannedCall> plan_calls(int tp, int n, uint64_t seed, uint64_t max_delay_ns) {
+  std::mt19937_64 rng(seed);
+  std::vector<PlannedCall> calls;
+  for (int c = 0; c < n; ++c) {
+    PlannedCall pc;
+    pc.kind = static_cast<Kind>(rng() % 5);
+    const bool fin = rng() % 2;
+    pc.v = static_cast<Variant>(rng() % 3);
+    pc.p = testing::make_problem(rng(), rows_for(pc.kind, rng()), ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, fin);
+    for (int r = 0; r < tp; ++r) {
+      pc.bufs.push_back(std::make_unique<CallBuffers>(pc.p.m, ConcurrentGroup::kH, ConcurrentGroup::kHc, 6));
+      testing::upload(pc.p, r, *pc.bufs.back());
+      pc.delay_ns.push_back(max_delay_ns > 0 && rng() % 4 == 0 ? rng() % max_delay_ns : 0);
+    }
+    calls.push_back(std::move(pc));
+  }
+  return calls;
+}
+
+// Every output of every rank against the reference, and alike on every rank.
+void check_calls(const std::vector<PlannedCall>& calls, int tp, const char* what) {
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const PlannedCall& pc = calls[c];
+    uint64_t want = 0;
+    for (int r = 0; r < tp; ++r) {
+      const Outputs got = testing::download(pc.p, pc.v, *pc.bufs[r]);
+      EXPECT_EQ(testing::check(pc.p, pc.v, got), "")
+          << what << " tp=" << tp << " call " << c << " rank " << r << " " << kind_name(pc.kind)
+          << (pc.p.finalize ? " finalize" : " call") << " M=" << pc.p.m << " " << testing::variant_name(pc.v);
+      if (r == 0) want = got.hash();
+      EXPECT_EQ(got.hash(), want) << what << " call " << c << " rank " << r << ": ranks differ";
+    }
+  }
+}
+
+class ConcurrentRanks : public ::testing::TestWithParam<int> {};
+
+// 60 calls a rank, one-shot (single launch, publish + consumer, streaming), two-shot (three
+// kernels, streaming), call and finalize, every variant, random delays up to 200 us before a
+// quarter of the calls on each rank; no host synchronization until the last call.
+TEST_P(ConcurrentRanks, MixedCallsWithoutHostSync) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  ConcurrentGroup g(tp, 128, 10'000'000'000ull);  // 10 s
+  std::vector<PlannedCall> calls = plan_calls(tp, 60, 31000 + tp, 200'000);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    for (int r = 0; r < tp; ++r) {
+      if (calls[c].delay_ns[r] > 0) MHCCL_TEST_CUDA(testing::launch_gpu_delay(calls[c].delay_ns[r], g.ranks[r]->stream));
+      g.launch(r, calls[c].kind, calls[c].p, calls[c].v, *calls[c].bufs[r]);
+    }
+  }
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  for (int r = 0; r < tp; ++r) {
+    const ErrorRecord t = g.sinks[r]->timeout();
+    ASSERT_EQ(t.ready, 0u) << "rank " << r << ": code " << t.code << " peer " << t.peer << " call " << t.call;
+    EXPECT_EQ(g.sinks[r]->fault(), 0u);
+  }
+  check_calls(calls, tp, "eager");
+  std::printf("concurrent TP=%d: %zu calls a rank checked\n", tp, calls.size());
+}
+
+// 12 calls a rank captured into one CUDA graph per rank (each rank's own stream), the graphs
+// replayed together 3 times with no host synchronization between replays.
+TEST_P(ConcurrentRanks, GraphReplayOfMixedCalls) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  ConcurrentGroup g(tp, 128, 10'000'000'000ull);
+  std::vector<PlannedCall> calls = plan_calls(tp, 12, 32000 + tp, 100'000);
+  std::vector<cudaGraphExec_t> execs(tp);
+  for (int r = 0; r < tp; ++r) {
+    cudaStream_t s = g.ranks[r]->stream;
+    cudaGraph_t graph;
+    MHCCL_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (PlannedCall& pc : calls) {
+      if (pc.delay_ns[r] > 0) MHCCL_TEST_CUDA(testing::launch_gpu_delay(pc.delay_ns[r], s));
+      g.launch(r, pc.kind, pc.p, pc.v, *pc.bufs[r]);
+    }
+    MHCCL_TEST_CUDA(cudaStreamEndCapture(s, &graph));
+    MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], graph, 0));
+    MHCCL_TEST_CUDA(cudaGraphDestroy(graph));
+  }
+  for (int replay = 0; replay < 3; ++replay) {
+    for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], g.ranks[r]->stream));
+  }
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  for (int r = 0; r < tp; ++r) {
+    const ErrorRecord t = g.sinks[r]->timeout();
+    ASSERT_EQ(t.ready, 0u) << "rank " << r << ": code " << t.code << " peer " << t.peer << " call " << t.call;
+    MHCCL_TEST_CUDA(cudaGraphExecDestroy(execs[r]));
+  }
+  check_calls(calls, tp, "graph");
+}
+
+// A rank that times out stops the group (PROTOCOL.md I13): the last rank is held back 5x the
+// wait budget before its call 3 of 10, enqueued without host sync (or captured in a graph and
+// replayed). The other ranks' waits of call 3 expire; from then on no rank stores into a
+// mailbox. Asserted: every rank records an error (no rank ends its calls silently), each names
+// the stalled rank (a timeout waiting for it, or a fault raised by a rank that waited for it),
+// every output of a call before a rank's recorded call is right, and nothing hangs. Before the
+// fault word, the timed-out ranks ran through their later calls, publishing, and the held-back
+// rank's first calls then completed on their peers' later data: wrong values, no error.
+TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  constexpr uint64_t kBudgetNs = 60'000'000;  // 60 ms
+  constexpr int kCalls = 10, kStallCall = 3;
+  const int stalled = tp - 1;
+  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+    for (const bool graph : {false, true}) {
+      ConcurrentGroup g(tp, 128, kBudgetNs);
+      std::mt19937_64 rng(33000 + tp * 10 + static_cast<int>(kind));
+      std::vector<PlannedCall> calls;
+      for (int c = 0; c < kCalls; ++c) {
+        PlannedCall pc;
+        pc.kind = kind;
+        pc.v = static_cast<Variant>(c % 3);
+        pc.p = testing::make_problem(rng(), rows_for(kind, rng()), ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, c % 2);
+        for (int r = 0; r < tp; ++r) {
+          pc.bufs.push_back(std::make_unique<CallBuffers>(pc.p.m, ConcurrentGroup::kH, ConcurrentGroup::kHc, 6));
+          testing::upload(pc.p, r, *pc.bufs.back());
+          pc.delay_ns.push_back(r == stalled && c == kStallCall ? 5 * kBudgetNs : 0);
+        }
+        calls.push_back(std::move(pc));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<cudaGraphExec_t> execs(tp, nullptr);
+      for (int r = 0; r < tp; ++r) {
+        cudaStream_t s = g.ranks[r]->stream;
+        cudaGraph_t cg;
+        if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (PlannedCall& pc : calls) {
+          if (pc.delay_ns[r] > 0) MHCCL_TEST_CUDA(testing::launch_gpu_delay(pc.delay_ns[r], s));
+          g.launch(r, pc.kind, pc.p, pc.v, *pc.bufs[r]);
+        }
+        if (graph) {
+          MHCCL_TEST_CUDA(cudaStreamEndCapture(s, &cg));
+          MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
+          MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
+        }
+      }
+      if (graph) {
+        for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], g.ranks[r]->stream));
+      }
+      MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string what = std::string(kind_name(kind)) + (graph ? " (graph)" : " (eager)") + " tp=" + std::to_string(tp);
+      EXPECT_LT(secs, 10.0) << what;
+      int timed_out = 0;
+      for (int r = 0; r < tp; ++r) {
+        const ErrorRecord t = g.sinks[r]->timeout();
+        ASSERT_EQ(t.ready, 1u) << what << ": rank " << r << " recorded no error";
+        if (t.code == kWaitTimeout) {
+          ++timed_out;
+          EXPECT_NE(r, stalled) << what;
+          EXPECT_EQ(t.peer, stalled) << what << ": rank " << r << " timed out waiting for rank " << t.peer;
+        } else {
+          ASSERT_EQ(t.code, static_cast<uint32_t>(kPeerFault)) << what << ": rank " << r;
+          EXPECT_NE(t.peer, stalled) << what << ": rank " << r << " names the stalled rank as the one that timed out";
+          EXPECT_EQ(t.value, stalled) << what << ": rank " << r << ": the fault names rank " << t.value;
+        }
+        EXPECT_NE(g.sinks[r]->fault(), 0u) << what << ": rank " << r << "'s fault word";
+        EXPECT_LE(t.call, static_cast<uint32_t>(kStallCall + 1)) << what << ": rank " << r << " ran on to call " << t.call;
+        // No wrong value before the first error: every call before the recorded one is right.
+        for (uint32_t c = 0; c < t.call && c < kCalls; ++c) {
+          const PlannedCall& pc = calls[c];
+          EXPECT_EQ(testing::check(pc.p, pc.v, testing::download(pc.p, pc.v, *pc.bufs[r])), "")
+              << what << ": rank " << r << " call " << c << " (its error is in call " << t.call << ")";
+        }
+      }
+      EXPECT_GE(timed_out, 1) << what << ": no rank recorded the timeout itself";
+      for (cudaGraphExec_t e : execs) {
+        if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, ConcurrentRanks, ::testing::Values(2, 4),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Tp, SimulatedRanks, ::testing::Values(2, 4, 8),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
