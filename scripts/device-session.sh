@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
-# python, sanitize, profile, bench, ab, sweep, envsweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+# python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -128,6 +128,26 @@ if [[ " $stages " == *" ab "* ]]; then
         --json "$OUT/ab-$which-$i.json" > "$OUT/ab-$which-$i.log" 2>&1
       echo "bench rc=$?"
       grep -E "^  (call|finalize) +(plain|mxfp8) +(1|8|64|128) one|^  (call|finalize) +(128|256|1024|4096|8192) " "$OUT/ab-$which-$i.log" | awk -v w="$which$i" '{print w, $0}'
+    done
+  done
+fi
+if [[ " $stages " == *" abtree "* ]]; then
+  # A/B of two builds in one session, alternated: this tree's build ($B) against an older tree
+  # carried in .ab-old (e.g. `git archive <commit> | tar -x -C .ab-old`, .ab-old excluded from git
+  # and named in the run's carry), built into build-old. AB_ARGS: the bench's arguments
+  # (default: TP=1, the all-reduce ops, no checks).
+  stamp "abtree: build .ab-old"
+  if ! (cd .ab-old && MHCCL_EXTRA_INCLUDE_DIR=../.deps/include BUILD_DIR=build-old JOBS=32 scripts/build.sh > "$OUT/build-old.log" 2>&1); then
+    grep -E "error" "$OUT/build-old.log" | head -20; exit 1
+  fi
+  for i in $(seq ${AB_ROUNDS:-2}); do
+    for which in new old; do
+      bin="$B/tools/bench/mhccl-bench"; [[ $which == old ]] && bin=".ab-old/build-old/tools/bench/mhccl-bench"
+      stamp "abtree: $which ($i)"
+      timeout ${AB_TIMEOUT:-150} "$bin" ${AB_ARGS:---tp 1 --ops allreduce,twoshot --no-check} \
+        --json "$OUT/abtree-$which-$i.json" > "$OUT/abtree-$which-$i.log" 2>&1
+      echo "bench rc=$?"
+      grep -E "^  (call|finalize) +(plain|mxfp8|residual_only) +(1|8|64|128|1024|4096) " "$OUT/abtree-$which-$i.log" | awk -v w="$which$i" '{print w, $0}' | head -40
     done
   done
 fi

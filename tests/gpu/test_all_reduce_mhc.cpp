@@ -651,5 +651,48 @@ TEST(PeerTimeout, ReportedNamingThePeer) {
   }
 }
 
+// Construction agrees on the configuration (PROTOCOL.md I14): rank 1 builds with another
+// max_num_tokens, then with another two-shot threshold, then with an invalid hc: every rank
+// throws (no hang, no window registered with sizes that differ), naming the field; then the
+// same communicator builds a matching op and runs a checked call.
+TEST(ConfigAgreement, MismatchThrowsOnEveryRankNamingTheField) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (!env().world) GTEST_SKIP() << "needs 2 ranks: run under mhccl-launch -n 2";
+  Communicator& c = *env().world;
+  const bool odd = c.rank() == 1;
+  struct Case {
+    const char* field;
+    AllReduceMHCConfig cfg;
+  };
+  AllReduceMHCConfig capacity = config(5120, 4, odd ? 96 : 64, 65);
+  AllReduceMHCConfig threshold = config(5120, 4, 64, odd ? 33 : 65);
+  AllReduceMHCConfig invalid = config(5120, odd ? 3 : 4, 64, 65);
+  for (const Case& k : {Case{"max_num_tokens", capacity}, Case{"two_shot_min_rows", threshold}, Case{"hc", invalid}}) {
+    try {
+      AllReduceMHC op(c, k.cfg);
+      ADD_FAILURE() << "rank " << c.rank() << ": a mismatched " << k.field << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.is_argument_error()) << e.what();
+      const std::string msg = e.what();
+      if (std::string(k.field) != "hc") {
+        EXPECT_NE(msg.find(k.field), std::string::npos) << msg;
+      } else if (odd) {
+        EXPECT_NE(msg.find("hc"), std::string::npos) << msg;  // its own check's message
+      } else {
+        EXPECT_NE(msg.find("another rank's configuration is invalid"), std::string::npos) << msg;
+      }
+    }
+  }
+  EXPECT_TRUE(c.usable());
+  AllReduceMHC op(c, config(5120, 4, 64, 65));
+  CallBuffers b(8, 5120, 4, 6);
+  const Problem p = testing::make_problem(61000, 8, 5120, 4, c.tp(), false);
+  upload(p, c.rank(), b);
+  launch(op, p, Variant::kResidualOnly, Protocol::kAuto, b, env().device, env().stream);
+  MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+  EXPECT_EQ(testing::check(p, Variant::kResidualOnly, download(p, Variant::kResidualOnly, b)), "");
+  env().barrier();
+}
+
 }  // namespace
 }  // namespace mhccl::gputest
