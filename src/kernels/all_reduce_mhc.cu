@@ -110,12 +110,19 @@ __device__ __forceinline__ uint4 add_shared_expert(float (&acc)[8], uint4 shared
 // (SPEC.md, finalize). Routes of -1 are skipped; any other index outside [0, rows) is skipped
 // and, when `report`, recorded. The gemm2 packs of kFinalizeGroup routes are loaded together
 // before their fmas: 8, so that DSV4.1's top_k = 6 costs two dependent round trips (routes, then
-// rows), not four. The shared row's load goes out first (it depends on nothing).
+// rows), not four. The shared row's load goes out with the first group's GEMM2 rows: no
+// register holds it across the route loads (at 96 registers a thread it would spill).
 __device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
                                                int np, const ErrorSink& err, bool report) {
-  const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  finalize_groups(f, row, pack, np, 0, acc, err, report);
+  RouteGroup rg;
+  load_route_group(f, row, 0, rg);
+  const auto route_at = [&](int j) { return rg.route[j]; };
+  uint4 g[kFinalizeGroup];
+  load_group_rows(f, pack, np, route_at, g);
+  const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+  fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, err, report);
+  finalize_groups(f, row, pack, np, kFinalizeGroup, acc, err, report);  // top_k > 8 only
   return add_shared_expert(acc, shared);
 }
 

@@ -115,7 +115,7 @@ __device__ __forceinline__ void* owner_target(void* const (&targets)[kMaxTp], in
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,
                                              int64_t value, uint32_t call = 0) {
-  const int slot = code == kWaitTimeout ? kTimeoutRecord : kRouteRecord;
+  const int slot = code == kBadRoute ? kRouteRecord : kTimeoutRecord;  // timeouts and faults: fatal
   volatile ErrorRecord* r = e.records + slot;
   const uint32_t epoch = r->epoch;
   if (atomicCAS(e.claims + slot, epoch, epoch + 1) != epoch) return;  // an earlier one stands

@@ -1,6 +1,7 @@
 #include "gpu_env.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 namespace mhccl::gputest {
@@ -51,6 +52,11 @@ std::unique_ptr<Communicator> make_world_communicator(const CommunicatorOptions&
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // The simulated and concurrent ranks' streams each need their own hardware work queue: with
+  // CUDA's default of 8, streams share queues, and a rank's spinning kernel could hold back a
+  // peer's kernel queued behind it in the same queue (false serialization; a GPU a rank never
+  // has it). Before any CUDA call; a value the caller set stays.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   ::testing::InitGoogleTest(&argc, argv);
   mhccl::gputest::Env e;
   mhccl::gputest::g_env = &e;
