@@ -29,11 +29,19 @@ enum class Protocol {
 const char* protocol_name(Protocol p);
 
 struct AllReduceMHCConfig {
-  int64_t hidden_size = 5120;    // H: a multiple of 8 (of 32 with quantize_layer_input), <= 32768
+  int64_t hidden_size = 5120;    // H: a multiple of 8 (of 32 with quantize_layer_input, of 128
+                                 // with quantize_layer_input_fp8), <= 32768
   int hc_mult = 4;               // hc: 1, 2, 4 or 8
   int64_t max_num_tokens = 0;    // C: rows per call at most, >= 1
   int top_k = 6;                 // routes per token of finalize, 1..16
   bool quantize_layer_input = false;  // build the MXFP8 variant (accept mxfp8 outputs)
+  // Build the per-token-group FP8 variant (accept fp8 outputs: groups of 128 elements, FP32
+  // scales in DeepGEMM's MN-major TMA-aligned layout, include/mhccl/fp8_groups.h): H a multiple
+  // of 128; not together with quantize_layer_input.
+  bool quantize_layer_input_fp8 = false;
+  // With quantize_layer_input_fp8: power-of-two scales, s = 2^ceil(log2(s)) (the UE8M0 rule of
+  // DeepGEMM's newer recipes and vLLM's use_ue8m0); still stored as FP32.
+  bool fp8_ue8m0_scales = false;
   bool residual_only = false;         // build the residual-only variant (pre, norm_weight absent)
   // A call of M rows uses two-shot when M >= two_shot_min_rows (finalize:
   // two_shot_min_finalize_rows), one-shot below. 0 takes the default measured for tp;
@@ -97,6 +105,14 @@ struct MHCEpilogueArgs {
   const DLTensor* layer_input = nullptr;   // [M, H] BF16, written; nullptr iff residual-only
   const DLTensor* mxfp8_values = nullptr;  // [M, H] 8-bit E4M3, written; optional, with scales
   const DLTensor* mxfp8_scales = nullptr;  // mxfp8_scale_bytes(M, H) 8-bit UE8M0, swizzled
+  // Per-token-group FP8 copy of layer_input (built with quantize_layer_input_fp8; not with the
+  // mxfp8 outputs, not residual-only): values [M, H] 8-bit E4M3, written; and scales, FP32,
+  // fp8_group_scale_bytes(M, H) bytes, 16-byte aligned: either a contiguous tensor of
+  // Mp * (H / 128) floats (any shape, e.g. [H / 128, Mp]) or the MN-major view [M, H / 128] with
+  // strides [1, Mp] that DeepGEMM and vLLM take (its storage must then hold Mp * (H / 128)
+  // floats: the padding rows M .. Mp-1 are written 0). Mp = fp8_group_scale_rows(M).
+  const DLTensor* fp8_values = nullptr;
+  const DLTensor* fp8_scales = nullptr;
 };
 
 struct AllReduceMHCCallArgs {
@@ -134,7 +150,8 @@ class AllReduceMHC {
   // y = bf16(sum over ranks of x, FP32 in rank order); residual_out[m,t] = bf16(post[m,t] * y +
   // sum_s comb[m,s,t] * residual[m,s]); p = bf16(sum_t pre[m,t] * residual_out[m,t]) (the
   // collapse, rounded to BF16 once); layer_input = bf16(RMSNorm(p) * norm_weight); the MXFP8 copy
-  // of layer_input when mxfp8 outputs are given (SPEC.md).
+  // of layer_input when mxfp8 outputs are given, the per-token-group FP8 copy when fp8 outputs
+  // are (SPEC.md).
   void call(const AllReduceMHCCallArgs& args, cudaStream_t stream);
 
   // As call, with this rank's x = bf16(sum_k w[m,k] * gemm2[idx[m,k]] + shared_output) (the

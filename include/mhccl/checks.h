@@ -21,10 +21,12 @@ constexpr int kMaxTp = 8;
 // tp in {1, 2, 4, 8}.
 void check_tp(int tp);
 
-// Construction limits: H a positive multiple of 8 (of 32 with quantize_layer_input) and at
+// Construction limits: H a positive multiple of 8 (of 32 with quantize_layer_input, of 128 with
+// quantize_layer_input_fp8; not both, and fp8_ue8m0_scales only with the latter) and at
 // most kMaxHidden; hc in {1, 2, 4, 8}; 1 <= top_k <= 16; 1 <= max_num_tokens <= kMaxTokens;
 // thresholds >= 0. Tensors everywhere: no negative dimension, at most 2^48 elements; MXFP8
-// values float8_e4m3fn or raw bytes, scales float8_e8m0fnu or raw bytes.
+// values float8_e4m3fn or raw bytes, scales float8_e8m0fnu or raw bytes; FP8 values likewise,
+// FP8 scales float32 (contiguous, or the MN-major view [M, H / 128] with strides [1, Mp]).
 void check_all_reduce_mhc_config(const AllReduceMHCConfig& config, int tp);
 
 // Checks a call against the built config for CUDA device `device`; returns M.

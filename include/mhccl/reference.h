@@ -53,6 +53,12 @@ void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double*
 // scales, mxfp8_scale_bytes(m, h) bytes with every padding byte 0. h a multiple of 32.
 void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, uint8_t* scales);
 
+// Per-token-group FP8 of [m, h] BF16 rows (include/mhccl/fp8_groups.h): values [m, h] E4M3 and
+// the FP32 scales in the MN-major TMA-aligned layout, fp8_group_scale_bytes(m, h) / 4 floats
+// with every padding float 0. Per group of 128: amax over |x| (NaN when any element is NaN),
+// s = fp8_group_scale(amax, ue8m0), values fp8_group_encode(x, s). h a multiple of 128.
+void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, uint8_t* values, float* scales);
+
 // Every rank's bytes concatenated in rank order, each 32-bit word equal to 0x80000000 turned
 // into 0 (the Lamport sentinel). bytes % 4 == 0.
 void all_gather(const std::vector<const uint8_t*>& rank_inputs, int64_t bytes, uint8_t* out);

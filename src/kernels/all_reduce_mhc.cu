@@ -12,6 +12,7 @@
 
 #include "kernels/launch.h"
 #include "kernels/lamport.cuh"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace mhccl::kernels {
@@ -326,7 +327,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
 // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] *
 // residual_out[t]; p = bf16(c); layer_input = bf16(p * rsqrt(mean(p^2) + eps) * norm_weight);
-// MXFP8 of it.
+// MXFP8 of it, or its per-token-group FP8 (kFp8).
 // Called by every thread of the CTA (the RMS sum is a CTA and, over ctas CTAs, a cluster
 // reduction); `mixes` (post, comb, pre of the row) and `warp_sums` in shared memory.
 template <int HC, ConsumerVariant V>
@@ -409,6 +410,32 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
           p.mxfp8_scales[mxfp8_scale_offset(row, k, blocks)] = scale;
           if (k == blocks - 1) {  // the row's padding blocks [S, 4 * ceil(S / 4)) are 0
             for (int64_t kp = blocks; kp % 4 != 0; ++kp) p.mxfp8_scales[mxfp8_scale_offset(row, kp, blocks)] = 0;
+          }
+        }
+      }
+    }
+    if constexpr (V == ConsumerVariant::kFp8) {
+      // amax of the 128-element group (16 packs on 16 consecutive lanes: packs_per_cta is a
+      // multiple of kFp8GroupPacks, so a group is all active or all not) over |bits|: NaN wins.
+      const uint32_t w4[4] = {out.x, out.y, out.z, out.w};
+      uint32_t amax = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = max(amax, max(w4[i] & 0x7FFFu, (w4[i] >> 16) & 0x7FFFu));
+#pragma unroll
+      for (int lane = 1; lane < kFp8GroupPacks; lane <<= 1) amax = max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lane));
+      if (active) {
+        const float s = fp8_group_scale(bf16_to_float(static_cast<uint16_t>(amax)), p.fp8_ue8m0);
+        float o[8];
+        unpack_bf16(out, o);
+        const uint32_t lo = fp8_group_encode2(o[0], o[1], s) | (uint32_t(fp8_group_encode2(o[2], o[3], s)) << 16);
+        const uint32_t hi = fp8_group_encode2(o[4], o[5], s) | (uint32_t(fp8_group_encode2(o[6], o[7], s)) << 16);
+        reinterpret_cast<uint2*>(p.fp8_values)[row * np + pack] = make_uint2(lo, hi);
+        if (pack % kFp8GroupPacks == 0) {
+          const int64_t g = pack / kFp8GroupPacks, mp = p.fp8_scale_rows;
+          p.fp8_scales[fp8_group_scale_offset(row, g, mp)] = s;
+          // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every call.
+          if (row == p.m - 1) {
+            for (int64_t r = p.m; r < mp; ++r) p.fp8_scales[fp8_group_scale_offset(r, g, mp)] = 0.0f;
           }
         }
       }
@@ -857,6 +884,7 @@ ConsumerFn consumer_for(ConsumerVariant v) {
     case ConsumerVariant::kMxfp8: return mhc_consumer_kernel<HC, IN, ConsumerVariant::kMxfp8>;
     case ConsumerVariant::kResidualOnly:
       return mhc_consumer_kernel<HC, IN, ConsumerVariant::kResidualOnly>;
+    case ConsumerVariant::kFp8: return mhc_consumer_kernel<HC, IN, ConsumerVariant::kFp8>;
   }
   return nullptr;
 }
@@ -883,15 +911,17 @@ ConsumerFn consumer_for(int hc, ConsumerInput in, ConsumerVariant v) {
 
 template <ConsumerInput IN, bool kFin>
 ConsumerFn streaming_consumer_for(int hc, ConsumerVariant v) {
-  auto pick = [v](auto plain, auto mxfp8, auto residual_only) -> ConsumerFn {
-    return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8 : residual_only;
+  auto pick = [v](auto plain, auto mxfp8, auto residual_only, auto fp8) -> ConsumerFn {
+    return v == ConsumerVariant::kPlain ? plain : v == ConsumerVariant::kMxfp8 ? mxfp8
+           : v == ConsumerVariant::kFp8 ? fp8 : residual_only;
   };
   switch (hc) {
 #define MHCCL_STREAMING(H)                                                                \
   case H:                                                                                  \
     return pick(mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kPlain, kFin>,       \
                 mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kMxfp8, kFin>,       \
-                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kResidualOnly, kFin>);
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kResidualOnly, kFin>, \
+                mhc_consumer_streaming_kernel<H, IN, ConsumerVariant::kFp8, kFin>);
     MHCCL_STREAMING(1)
     MHCCL_STREAMING(2)
     MHCCL_STREAMING(4)
@@ -931,7 +961,7 @@ cudaError_t launch_rows(void (*kernel)(Params), const Params& params, const RowT
 
 }  // namespace
 
-RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row) {
+RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row, int group_packs) {
   const int max_threads = max_threads_per_cta(hc);
   const int least = (np + max_threads - 1) / max_threads;
   int ctas = least;
@@ -945,7 +975,7 @@ RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row) {
   ctas = std::min(ctas, kMaxCtasPerRow);
   RowTiling t;
   t.ctas_per_row = ctas;
-  t.packs_per_cta = ((np + ctas - 1) / ctas + 3) / 4 * 4;
+  t.packs_per_cta = ((np + ctas - 1) / ctas + group_packs - 1) / group_packs * group_packs;
   t.threads = (t.packs_per_cta + 31) / 32 * 32;
   return t;
 }

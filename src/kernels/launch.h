@@ -39,7 +39,9 @@ cudaError_t launch_ex(void (*kernel)(Params), const Params& params, dim3 grid, d
 
 // The tiling of rows of np packs for an epilogue over hc streams (rank-invariant: a function of
 // its arguments only). ctas_per_row == 0: the least that fits; otherwise at least that.
-RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row = 0);
+// packs_per_cta is a multiple of `group_packs` (4: an MXFP8 block; kFp8GroupPacks for the FP8
+// variant, whose np is a multiple of it); the CTAs a row and threads a CTA do not depend on it.
+RowTiling row_tiling(int np, int64_t m, int hc, int ctas_per_row = 0, int group_packs = 4);
 
 cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl);
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl);

@@ -81,8 +81,8 @@ struct LamportState {
 
 // How a row of np 16-byte packs maps onto CTAs: ctas_per_row CTAs (a thread-block cluster when
 // > 1), each of `threads` threads covering packs_per_cta packs (a multiple of 4, so an MXFP8
-// block of 4 packs never straddles CTAs), one pack per thread. Rank-invariant: a function of
-// (M, H) only.
+// block of 4 packs never straddles CTAs; of kFp8GroupPacks for the FP8 variant), one pack per
+// thread. Rank-invariant: a function of (M, H, hc, variant) only.
 struct RowTiling {
   int ctas_per_row;
   int threads;
@@ -129,7 +129,10 @@ enum class ConsumerInput : int {
   kDirect = 1,    // plain BF16 rows [M, H] (TP=1 x, NCCL fallback's reduced rows)
   kFinalize = 2,  // TP=1 finalize: this rank's x computed from the finalize inputs
 };
-enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2 };
+enum class ConsumerVariant : int { kPlain = 0, kMxfp8 = 1, kResidualOnly = 2, kFp8 = 3 };
+constexpr int kConsumerVariants = 4;
+// Packs of one FP8 group of 128 elements (include/mhccl/fp8_groups.h): 16 consecutive lanes.
+constexpr int kFp8GroupPacks = 16;
 
 // One-shot in a single launch: the consumer first publishes its own row (x, or the finalize
 // reduction) into every rank's slot, then polls. A CTA waits only for the peers' CTAs of the
@@ -184,6 +187,10 @@ struct ConsumerParams {
   void* layer_input;
   void* mxfp8_values;
   uint8_t* mxfp8_scales;
+  void* fp8_values;       // kFp8: [M, H] E4M3
+  float* fp8_scales;      // kFp8: scale(m, g) at g * fp8_scale_rows + m, padding rows written 0
+  int64_t fp8_scale_rows; // Mp = ceil(M / 4) * 4
+  bool fp8_ue8m0;         // kFp8: power-of-two scales
   int64_t m;
   int np;
   RowTiling tiling;

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
+#include "mhccl/fp8_groups.h"
 
 namespace mhccl {
 
@@ -76,9 +77,9 @@ struct AllReduceMHC::Impl {
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
   // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows;
-  // TP=1 finalize) and variant (plain, mxfp8, residual_only): the minimum over the ranks of its
-  // CTAs resident at once, agreed at construction; 0: it does not run.
-  int streaming_ctas[4][3] = {};
+  // TP=1 finalize) and variant (plain, mxfp8, residual_only, fp8): the minimum over the ranks of
+  // its CTAs resident at once, agreed at construction; 0: it does not run.
+  int streaming_ctas[4][kernels::kConsumerVariants] = {};
   // Streaming Lamport calls (one-shot above the single launch, two-shot): CTAs of the grid that
   // publish this rank's rows (call, finalize: finalize's publish gathers top_k GEMM2 rows a row
   // from HBM), and two-shot's CTAs of the owners' reduce.
@@ -173,24 +174,25 @@ struct AllReduceMHC::Impl {
   // registrations).
   void agree_streaming_grid(bool polls) {
     const kernels::RowTiling t = kernels::row_tiling(np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult);
-    int local[12] = {};
-    if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream
-      for (int v = 0; v < 3; ++v) {
+    constexpr int kV = kernels::kConsumerVariants;
+    int local[4 * kV] = {};
+    if (t.ctas_per_row == 1) {  // rows wider than one CTA never stream (the FP8 tiling's threads are these)
+      for (int v = 0; v < kV; ++v) {
         const auto variant = static_cast<ConsumerVariant>(v);
         local[v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kDirect, variant, 1, t.threads);
-        local[9 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kFinalize, variant, 1,
+        local[3 * kV + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kFinalize, variant, 1,
                                                                   t.threads, static_cast<int>(cfg.top_k));
         if (polls) {  // one-shot reads tp slots a row, two-shot one reduced row
-          local[3 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
+          local[kV + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant,
                                                                     comm->tp, t.threads);
-          local[6 + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant, 1,
+          local[2 * kV + v] = kernels::streaming_consumer_resident_ctas(cfg.hc_mult, ConsumerInput::kPoll, variant, 1,
                                                                     t.threads);
         }
       }
     }
     comm->all_reduce_ints(local, ncclMin);
     for (int i = 0; i < 4; ++i) {
-      for (int v = 0; v < 3; ++v) streaming_ctas[i][v] = local[3 * i + v];
+      for (int v = 0; v < kV; ++v) streaming_ctas[i][v] = local[kV * i + v];
     }
   }
 
@@ -246,16 +248,23 @@ struct AllReduceMHC::Impl {
     cp.layer_input = mutable_data_of(e.layer_input);
     cp.mxfp8_values = mutable_data_of(e.mxfp8_values);
     cp.mxfp8_scales = static_cast<uint8_t*>(mutable_data_of(e.mxfp8_scales));
+    cp.fp8_values = mutable_data_of(e.fp8_values);
+    cp.fp8_scales = static_cast<float*>(mutable_data_of(e.fp8_scales));
+    cp.fp8_scale_rows = fp8_group_scale_rows(m);
+    cp.fp8_ue8m0 = cfg.fp8_ue8m0_scales;
     cp.m = m;
     cp.np = np;
-    cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row);
+    const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
+                                    : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
+                                    : e.fp8_values != nullptr   ? ConsumerVariant::kFp8
+                                                                : ConsumerVariant::kPlain;
+    // The FP8 variant's groups of 16 packs never straddle the CTAs of a row.
+    cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row,
+                                    variant == ConsumerVariant::kFp8 ? kernels::kFp8GroupPacks : 4);
     cp.err = c.sink(op);
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
     cp.streaming_min_rows = cfg.streaming_min_rows;
-    const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
-                                    : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
-                                                                : ConsumerVariant::kPlain;
     const int vi = static_cast<int>(variant);
     cp.streaming_ctas = streaming_ctas[0][vi];
 

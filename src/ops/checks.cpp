@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mhccl/error.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace mhccl {
@@ -161,6 +162,45 @@ int64_t leading_rows(const DLTensor* t, const char* name, const AllReduceMHCConf
   return m;
 }
 
+// The FP32 scales of the FP8 variant: fp8_group_scale_bytes(M, H) bytes, 16-byte aligned (the
+// layout's columns are), as a contiguous tensor of Mp * G floats or as the MN-major view [M, G]
+// with strides [1, Mp] (DeepGEMM's and vLLM's scale tensor, whose storage holds the padding).
+void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
+  const char* name = "fp8 scales";
+  check_dims(s, name);
+  const int64_t mp = fp8_group_scale_rows(m), groups = h / kFp8GroupElems;
+  const int64_t want = fp8_group_scale_bytes(m, h);
+  if (!dtype_is(s.dtype, Kind::kF32)) {
+    invalid(std::string(name) + ": expected dtype float32, got " + describe_dtype(s.dtype));
+  }
+  const bool mn_major_view = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && s.strides != nullptr &&
+                             (m == 1 || s.strides[0] == 1) && (groups == 1 || s.strides[1] == mp);
+  if (!mn_major_view) {
+    if (numel(s) * 4 != want) {
+      invalid(std::string(name) + ": expected " + std::to_string(want) + " bytes (fp8_group_scale_bytes(" +
+              std::to_string(m) + ", " + std::to_string(h) + ") = 4 * " + std::to_string(mp) + " * " +
+              std::to_string(groups) + ") of float32, or the MN-major view " + shape_str({m, groups}) +
+              " with strides " + shape_str({1, mp}) + "; got shape " + describe_shape(s) + " with strides " +
+              strides_str(s));
+    }
+    if (!is_contiguous(s)) {
+      invalid(std::string(name) + ": expected a contiguous tensor or the MN-major view " + shape_str({m, groups}) +
+              " with strides " + shape_str({1, mp}) + ", got shape " + describe_shape(s) + " with strides " +
+              strides_str(s));
+    }
+  }
+  if (s.device.device_type != kDLCUDA || s.device.device_id != device) {
+    invalid(std::string(name) + ": expected a CUDA tensor on device cuda:" + std::to_string(device) + ", got " +
+            (s.device.device_type == kDLCUDA ? "cuda:" : "device type ") +
+            std::to_string(s.device.device_type == kDLCUDA ? s.device.device_id : int(s.device.device_type)));
+  }
+  if (s.data == nullptr) invalid(std::string(name) + ": expected a data pointer, got null");
+  if (data_address(s) % 16 != 0) {
+    invalid(std::string(name) + ": expected a 16-byte aligned data pointer (16-byte scale columns), got " +
+            hex_address(data_address(s)));
+  }
+}
+
 void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MHCEpilogueArgs& e) {
   const int64_t h = c.hidden_size, hc = c.hc_mult;
   const bool has_pre = e.pre != nullptr, has_norm = e.norm_weight != nullptr;
@@ -174,6 +214,11 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
                 "residual_only=true, this one was built without it");
   }
   const bool has_values = e.mxfp8_values != nullptr, has_scales = e.mxfp8_scales != nullptr;
+  const bool has_fp8_values = e.fp8_values != nullptr, has_fp8_scales = e.fp8_scales != nullptr;
+  const bool has_fp8 = has_fp8_values || has_fp8_scales;
+  if (has_fp8 && (has_values || has_scales)) {
+    invalid("fp8 outputs: expected either the mxfp8 outputs or the fp8 outputs (one quantized copy), got both");
+  }
   if (has_values != has_scales) {
     invalid("mxfp8_out: expected both values and scales, got only " +
             std::string(has_values ? "values" : "scales"));
@@ -184,6 +229,17 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
   if (has_values && !c.quantize_layer_input) {
     unsupported("mxfp8_out: needs an instance built with quantize_layer_input=true, this one was "
                 "built without it");
+  }
+  if (has_fp8_values != has_fp8_scales) {
+    invalid("fp8 outputs: expected both values and scales, got only " +
+            std::string(has_fp8_values ? "values" : "scales"));
+  }
+  if (has_fp8 && residual_only) {
+    invalid("fp8 outputs: a residual-only call has no layer input to quantize, got fp8 outputs");
+  }
+  if (has_fp8 && !c.quantize_layer_input_fp8) {
+    invalid("fp8 outputs: need an instance built with quantize_layer_input_fp8=true, this one was "
+            "built without it");
   }
   if (residual_only && e.layer_input != nullptr) {
     invalid("layer_input: a residual-only call writes no layer input, got a layer_input tensor");
@@ -221,6 +277,10 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
               ", got " + std::to_string(numel(s)) + " elements of " + describe_dtype(s.dtype));
     }
     check_storage(s, "mxfp8 scales", Kind::kUE8M0Bytes, device);
+  }
+  if (has_fp8) {
+    check_tensor(e.fp8_values, "fp8 values", Kind::kE4M3Bytes, {m, h}, device);
+    check_fp8_scales(*e.fp8_scales, m, h, device);
   }
 }
 
@@ -284,6 +344,18 @@ void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
   }
   if (c.quantize_layer_input && c.hidden_size % 32 != 0) {
     invalid("hidden_size: quantize_layer_input needs a multiple of 32 (MXFP8 blocks), got " +
+            std::to_string(c.hidden_size));
+  }
+  if (c.quantize_layer_input && c.quantize_layer_input_fp8) {
+    invalid("quantize_layer_input and quantize_layer_input_fp8: expected at most one quantized layer "
+            "input variant (MXFP8 or per-token-group FP8), got both");
+  }
+  if (c.fp8_ue8m0_scales && !c.quantize_layer_input_fp8) {
+    invalid("fp8_ue8m0_scales: chooses the scales of the FP8 variant, which needs "
+            "quantize_layer_input_fp8=true; got fp8_ue8m0_scales without it");
+  }
+  if (c.quantize_layer_input_fp8 && c.hidden_size % kFp8GroupElems != 0) {
+    invalid("hidden_size: quantize_layer_input_fp8 needs a multiple of 128 (groups of 128 elements), got " +
             std::to_string(c.hidden_size));
   }
   if (c.hc_mult != 1 && c.hc_mult != 2 && c.hc_mult != 4 && c.hc_mult != 8) {

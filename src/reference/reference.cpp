@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "mhccl/bf16.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace mhccl::reference {
@@ -110,6 +111,27 @@ void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, u
       scales[mxfp8_scale_offset(r, k, blocks)] = scale;
       for (int i = 0; i < kMxfp8BlockElems; ++i) {
         values[r * h + k * kMxfp8BlockElems + i] = mxfp8_encode(bf16_to_float(v[i]), scale);
+      }
+    }
+  }
+}
+
+void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, uint8_t* values, float* scales) {
+  const int64_t groups = h / kFp8GroupElems, mp = fp8_group_scale_rows(m);
+  std::memset(scales, 0, static_cast<size_t>(fp8_group_scale_bytes(m, h)));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint16_t* v = in + r * h + g * kFp8GroupElems;
+      // amax over the absolute values' bits: NaN (above Inf) wins, as in the kernels.
+      uint16_t amax_bits = 0;
+      for (int i = 0; i < kFp8GroupElems; ++i) {
+        const uint16_t a = v[i] & 0x7FFF;
+        amax_bits = a > amax_bits ? a : amax_bits;
+      }
+      const float s = fp8_group_scale(bf16_to_float(amax_bits), ue8m0);
+      scales[fp8_group_scale_offset(r, g, mp)] = s;
+      for (int i = 0; i < kFp8GroupElems; ++i) {
+        values[r * h + g * kFp8GroupElems + i] = fp8_group_encode(bf16_to_float(v[i]), s);
       }
     }
   }

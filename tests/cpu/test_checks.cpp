@@ -13,6 +13,7 @@
 #include "common/tensor_desc.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace mhccl {
@@ -373,6 +374,182 @@ TEST(ConfigChecks, Limits) {
   c.nccl_min_finalize_rows = -5;
   expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
                {"nccl_min_rows", "got 0 / -5"});
+}
+
+TEST(ConfigChecks, Fp8Options) {
+  AllReduceMHCConfig c;
+  c.hidden_size = 5120;
+  c.max_num_tokens = 64;
+  c.quantize_layer_input_fp8 = true;
+  EXPECT_NO_THROW(check_all_reduce_mhc_config(c, 2));
+  c.fp8_ue8m0_scales = true;
+  EXPECT_NO_THROW(check_all_reduce_mhc_config(c, 1));
+  for (const int64_t h : {7168, 4096, 128}) {
+    c.hidden_size = h;
+    EXPECT_NO_THROW(check_all_reduce_mhc_config(c, 2)) << h;
+  }
+  c.hidden_size = 5120 + 32;  // a multiple of 32, not of 128
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"hidden_size", "quantize_layer_input_fp8", "multiple of 128", "5152"});
+  c.hidden_size = 5120;
+  c.quantize_layer_input = true;  // both quantized variants
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"quantize_layer_input and quantize_layer_input_fp8", "got both"});
+  c.quantize_layer_input_fp8 = false;  // MXFP8 with the FP8 variant's scale option
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument,
+               {"fp8_ue8m0_scales", "quantize_layer_input_fp8=true"});
+}
+
+// A valid call of M=5 rows with FP8 outputs for {H=256, hc=4, C=16, top_k=3}, built with the FP8
+// variant (and residual_only).
+struct Fp8Fixture : CallFixture {
+  Desc fvalues, fscales;
+  Fp8Fixture() {
+    cfg.hidden_size = 256;
+    cfg.quantize_layer_input = false;
+    cfg.quantize_layer_input_fp8 = true;
+    const int64_t h = 256, hc = 4;
+    x = Desc(addr(0x10000), kBF16, {m, h});
+    residual = Desc(addr(0x20000), kBF16, {m, hc, h});
+    norm_weight = Desc(addr(0x60000), kBF16, {h});
+    residual_out = Desc(addr(0x70000), kBF16, {m, hc, h});
+    layer_input = Desc(addr(0x80000), kBF16, {m, h});
+    gemm2 = Desc(addr(0xB0000), kBF16, {11, h});
+    shared = Desc(addr(0xE0000), kBF16, {m, h});
+    fvalues = Desc(addr(0xF0000), kU8, {m, h});
+    fscales = Desc(addr(0xF8000), kF32, {2, 8});  // [G, Mp]: Mp = 8 at M = 5
+  }
+  AllReduceMHCCallArgs fp8_call() {
+    AllReduceMHCCallArgs a = call();
+    a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr;
+    a.epilogue.fp8_values = fvalues.get();
+    a.epilogue.fp8_scales = fscales.get();
+    return a;
+  }
+};
+
+class Fp8Checks : public ::testing::Test {
+ protected:
+  Fp8Fixture f;
+  void call_error(const std::function<void(AllReduceMHCCallArgs&)>& mutate, ErrorCode code,
+                  std::vector<std::string> parts) {
+    AllReduceMHCCallArgs a = f.fp8_call();
+    mutate(a);
+    expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, code, std::move(parts));
+  }
+};
+
+TEST_F(Fp8Checks, ValidCallsPass) {
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, f.fp8_call()), 5);
+  AllReduceMHCFinalizeArgs fin = f.finalize();
+  fin.epilogue = f.fp8_call().epilogue;
+  EXPECT_EQ(check_all_reduce_mhc_finalize(f.cfg, 0, fin), 5);
+  AllReduceMHCCallArgs a = f.fp8_call();
+  Desc flat(addr(0xF8000), kF32, {16});  // any contiguous shape of Mp * G floats
+  a.epilogue.fp8_scales = flat.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  Desc view(addr(0xF8000), kF32, {5, 2});  // DeepGEMM's / vLLM's MN-major view [M, G], strides [1, Mp]
+  view.with_strides({1, 8});
+  a.epilogue.fp8_scales = view.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  Desc e4m3(addr(0xF0000), DLDataType{10, 8, 1}, {5, 256});  // torch.float8_e4m3fn values
+  a.epilogue.fp8_values = e4m3.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+  a.epilogue.fp8_values = a.epilogue.fp8_scales = nullptr;  // plain call on an FP8 build
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+}
+TEST_F(Fp8Checks, NotBuilt) {
+  f.cfg.quantize_layer_input_fp8 = false;
+  call_error([&](auto&) {}, ErrorCode::kInvalidArgument, {"fp8 outputs", "quantize_layer_input_fp8=true"});
+}
+TEST_F(Fp8Checks, TogetherWithMxfp8Outputs) {
+  call_error([&](auto& a) {
+    a.epilogue.mxfp8_values = f.values.get();
+    a.epilogue.mxfp8_scales = f.scales.get();
+  }, ErrorCode::kInvalidArgument, {"fp8 outputs", "mxfp8", "both"});
+  call_error([&](auto& a) { a.epilogue.mxfp8_values = f.values.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 outputs", "both"});
+}
+TEST_F(Fp8Checks, WithResidualOnly) {
+  call_error([&](auto& a) {
+    a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr;
+  }, ErrorCode::kInvalidArgument, {"fp8 outputs", "residual-only"});
+}
+TEST_F(Fp8Checks, HalfGiven) {
+  call_error([&](auto& a) { a.epilogue.fp8_scales = nullptr; }, ErrorCode::kInvalidArgument,
+             {"fp8 outputs", "only values"});
+  call_error([&](auto& a) { a.epilogue.fp8_values = nullptr; }, ErrorCode::kInvalidArgument,
+             {"fp8 outputs", "only scales"});
+}
+TEST_F(Fp8Checks, ValuesShapeAndDtype) {
+  Desc shape(addr(0xF0000), kU8, {5, 128});
+  call_error([&](auto& a) { a.epilogue.fp8_values = shape.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 values", "[5, 256]", "[5, 128]"});
+  Desc e5m2(addr(0xF0000), DLDataType{12, 8, 1}, {5, 256});
+  call_error([&](auto& a) { a.epilogue.fp8_values = e5m2.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 values", "float8_e4m3fn"});
+  Desc misaligned(addr(0xF0008), kU8, {5, 256});
+  call_error([&](auto& a) { a.epilogue.fp8_values = misaligned.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 values", "16-byte aligned"});
+}
+TEST_F(Fp8Checks, ScalesSizeDtypeLayoutAlignment) {
+  Desc small(addr(0xF8000), kF32, {2, 5});  // M * G floats: without the padding rows
+  call_error([&](auto& a) { a.epilogue.fp8_scales = small.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "64 bytes", "fp8_group_scale_bytes(5, 256)", "[2, 5]"});
+  Desc bytes(addr(0xF8000), kU8, {64});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = bytes.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "float32", "uint8"});
+  Desc row_major(addr(0xF8000), kF32, {5, 2});  // [M, G] row-major is not the layout
+  call_error([&](auto& a) { a.epilogue.fp8_scales = row_major.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "MN-major view [5, 2]", "strides [1, 8]"});
+  Desc not_aligned_view(addr(0xF8000), kF32, {5, 2});  // columns of M, not Mp, floats
+  not_aligned_view.with_strides({1, 5});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = not_aligned_view.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "strides [1, 8]", "strides [1, 5]"});
+  Desc strided(addr(0xF8000), kF32, {2, 8});
+  strided.with_strides({16, 1});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = strided.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "contiguous"});
+  Desc misaligned(addr(0xF8004), kF32, {2, 8});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = misaligned.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "16-byte aligned", "0xf8004"});
+  Desc other_device(addr(0xF8000), kF32, {2, 8}, 1);
+  call_error([&](auto& a) { a.epilogue.fp8_scales = other_device.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "cuda:0", "cuda:1"});
+  Desc neg(addr(0xF8000), kF32, {-2, -8});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = neg.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "non-negative"});
+  Desc null_data(nullptr, kF32, {2, 8});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = null_data.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "data pointer"});
+}
+TEST_F(Fp8Checks, ScalesOfOtherM) {
+  // M = 4: Mp = 4, 2 * 4 floats; the M = 5 call needs Mp = 8.
+  Desc m4(addr(0xF8000), kF32, {2, 4});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = m4.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "64 bytes"});
+}
+
+// The FP8 variant's tiling: a group of 128 elements (16 packs, 16 lanes) never straddles the
+// CTAs of a row (packs_per_cta a multiple of 16), at every M class, hc and H of the FP8 build,
+// and the threads a CTA are those of the default tiling (the streaming grid agreed for it holds).
+TEST(LaunchChoice, Fp8TilingKeepsGroupsInOneCta) {
+  for (const int64_t h : {int64_t{5120}, int64_t{7168}, int64_t{4096}, int64_t{128}, int64_t{2048}, int64_t{32768}}) {
+    const int np = static_cast<int>(h / 8);
+    for (const int hc : {1, 2, 4, 8}) {
+      for (const int64_t m : {1, 2, 3, 7, 19, 32, 64, 96, 97, 129, 1024}) {
+        for (const int ctas : {0, 1, 2, 3, 5, 8}) {
+          const kernels::RowTiling t = kernels::row_tiling(np, m, hc, ctas, kernels::kFp8GroupPacks);
+          const kernels::RowTiling d = kernels::row_tiling(np, m, hc, ctas);
+          EXPECT_EQ(t.packs_per_cta % 16, 0) << "H=" << h << " hc=" << hc << " M=" << m;
+          EXPECT_EQ(t.ctas_per_row, d.ctas_per_row);
+          EXPECT_EQ(t.threads, d.threads) << "H=" << h << " hc=" << hc << " M=" << m << " ctas=" << ctas;
+          EXPECT_GE(static_cast<int64_t>(t.packs_per_cta) * t.ctas_per_row, np);
+          EXPECT_LE(t.threads, kernels::max_threads_per_cta(hc));
+        }
+      }
+    }
+  }
 }
 
 TEST(AllGatherChecks, CapacityAndAccepts) {

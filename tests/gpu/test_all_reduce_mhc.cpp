@@ -1,10 +1,16 @@
 // AllReduceMHC on the GPU, TP=1 and TP=2: every variant and M class against the CPU reference,
 // identical bits on every rank and across protocols, graphs, PDL, alternating M, delays, bad input.
+// Each test runs three times a TP: its ops built for MXFP8 (instance tp1, tp2: every variant),
+// and for the per-token-group FP8 without and with UE8M0 scales (tp1_fp8, tp1_fp8ue8m0, ...: the
+// FP8 variant where the MXFP8 instance runs MXFP8, and in place of its variant loops).
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/tensor_desc.h"
@@ -14,6 +20,7 @@
 #include "mhccl/checks.h"
 #include "mhccl/communicator.h"
 #include "mhccl/error.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace mhccl::gputest {
@@ -23,6 +30,7 @@ using testing::CallBuffers;
 using testing::Desc;
 using testing::Outputs;
 using testing::Problem;
+using testing::Quant;
 using testing::Variant;
 using testing::check;
 using testing::download;
@@ -30,22 +38,52 @@ using testing::launch;
 using testing::upload;
 using testing::variant_name;
 
-AllReduceMHCConfig config(int64_t h, int hc, int64_t capacity, int64_t two_shot_min = 0) {
+AllReduceMHCConfig config(int64_t h, int hc, int64_t capacity, int64_t two_shot_min = 0,
+                          Quant quant = Quant::kMxfp8) {
   AllReduceMHCConfig c;
   c.hidden_size = h;
   c.hc_mult = hc;
   c.max_num_tokens = capacity;
   c.top_k = 6;
-  c.quantize_layer_input = h % 32 == 0;
+  testing::build_quant(c, quant);  // MXFP8 where H % 32 == 0, or FP8 where H % 128 == 0
   c.residual_only = true;
   c.two_shot_min_rows = two_shot_min;
   c.two_shot_min_finalize_rows = two_shot_min;
   return c;
 }
 
-class AllReduceMHCTest : public ::testing::TestWithParam<int> {
+kernels::ConsumerVariant consumer_variant(Variant v) {
+  switch (v) {
+    case Variant::kPlain: return kernels::ConsumerVariant::kPlain;
+    case Variant::kMxfp8: return kernels::ConsumerVariant::kMxfp8;
+    case Variant::kResidualOnly: return kernels::ConsumerVariant::kResidualOnly;
+    default: return kernels::ConsumerVariant::kFp8;
+  }
+}
+
+class AllReduceMHCTest : public ::testing::TestWithParam<std::tuple<int, Quant>> {
  protected:
-  int tp() const { return GetParam(); }
+  int tp() const { return std::get<0>(GetParam()); }
+  Quant quant() const { return std::get<1>(GetParam()); }
+  bool fp8() const { return quant() != Quant::kMxfp8; }
+  // The quantized variant of this instance's ops.
+  Variant qv() const { return testing::quant_variant(quant()); }
+  // What a test's variant loop covers: every variant with MXFP8 ops; the FP8 variant alone with
+  // FP8 ops (plain and residual-only run in the MXFP8 instance).
+  std::vector<Variant> variants() const {
+    if (fp8()) return {qv()};
+    return {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly};
+  }
+  // Whether an op of this instance with hidden size h has variant v.
+  static bool builds(Variant v, int64_t h) {
+    if (v == Variant::kMxfp8) return h % 32 == 0;
+    if (testing::is_fp8(v)) return h % 128 == 0;
+    return true;
+  }
+  // This instance's config (hides the free function in the tests' bodies).
+  AllReduceMHCConfig config(int64_t h, int hc, int64_t capacity, int64_t two_shot_min = 0) const {
+    return gputest::config(h, hc, capacity, two_shot_min, quant());
+  }
   Communicator& comm() { return *env().comm(tp()); }
   int rank() { return env().rank(tp()); }
 
@@ -72,7 +110,7 @@ TEST_P(AllReduceMHCTest, Dsv41EveryVariantEveryM) {
   CallBuffers b(256, 5120, 4, 6);
   uint64_t seed = 1;
   for (bool fin : {false, true}) {
-    for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+    for (Variant v : variants()) {
       for (int64_t m : {1, 2, 3, 7, 16, 63, 64, 65, 128, 129, 200, 256}) {
         run(op, b, testing::make_problem(seed++, m, 5120, 4, tp(), fin), v);
       }
@@ -88,11 +126,11 @@ TEST_P(AllReduceMHCTest, ProtocolsGiveIdenticalBits) {
   for (int64_t m : {1, 7, 65, 128}) {
     for (bool fin : {false, true}) {
       const Problem p = testing::make_problem(300 + m + fin, m, 5120, 4, tp(), fin);
-      const Outputs one = run(op, b, p, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
-      const Outputs two = run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "two-shot");
+      const Outputs one = run(op, b, p, qv(), Protocol::kOneShot, "one-shot");
+      const Outputs two = run(op, b, p, qv(), Protocol::kTwoShot, "two-shot");
       EXPECT_EQ(one.hash(), two.hash()) << "one-shot vs two-shot M=" << m;
       if (tp() == 2) {  // the NCCL fallback adds once: the same bits at TP=2
-        const Outputs nccl = run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "nccl");
+        const Outputs nccl = run(op, b, p, qv(), Protocol::kNccl, "nccl");
         EXPECT_EQ(one.hash(), nccl.hash()) << "one-shot vs NCCL fallback M=" << m;
       }
     }
@@ -112,7 +150,7 @@ TEST_P(AllReduceMHCTest, LargeMAcrossDefaultThresholds) {
   uint64_t seed = 80000;
   for (int64_t m : {int64_t{1000}, int64_t{2047}, int64_t{2048}, int64_t{2049}, kCap}) {
     for (bool fin : {false, true}) {
-      for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+      for (Variant v : variants()) {
         run(op, b, testing::make_problem(seed++, m, 5120, 4, tp(), fin), v, Protocol::kAuto, "default thresholds");
       }
     }
@@ -120,9 +158,9 @@ TEST_P(AllReduceMHCTest, LargeMAcrossDefaultThresholds) {
   if (tp() > 1) {
     for (int64_t m : {int64_t{2047}, int64_t{2049}, kCap}) {
       const Problem p = testing::make_problem(seed++, m, 5120, 4, tp(), false);
-      const Outputs one = run(op, b, p, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
-      const Outputs two = run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "two-shot");
-      const Outputs nccl = run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "nccl");
+      const Outputs one = run(op, b, p, qv(), Protocol::kOneShot, "one-shot");
+      const Outputs two = run(op, b, p, qv(), Protocol::kTwoShot, "two-shot");
+      const Outputs nccl = run(op, b, p, qv(), Protocol::kNccl, "nccl");
       EXPECT_EQ(one.hash(), two.hash()) << "one-shot vs two-shot M=" << m;
       EXPECT_EQ(one.hash(), nccl.hash()) << "one-shot vs NCCL fallback M=" << m;
     }
@@ -133,11 +171,18 @@ TEST_P(AllReduceMHCTest, LargeMAcrossDefaultThresholds) {
 TEST_P(AllReduceMHCTest, OtherShapes) {
   MHCCL_REQUIRE_TP(tp());
   uint64_t seed = 1000;
-  for (int64_t h : {4096, 7168, 2880, 64}) {
+  // FP8: the H of the FP8 build (multiples of 128), call and finalize of the FP8 variant.
+  const std::vector<int64_t> hs = fp8() ? std::vector<int64_t>{5120, 4096, 7168} : std::vector<int64_t>{4096, 7168, 2880, 64};
+  for (int64_t h : hs) {
     for (int hc : {1, 2, 4, 8}) {
       AllReduceMHC op(comm(), config(h, hc, 65, 33));
       CallBuffers b(65, h, hc, 6);
       for (int64_t m : {1, 7, 65}) {
+        if (fp8()) {
+          run(op, b, testing::make_problem(seed++, m, h, hc, tp(), false), qv());
+          run(op, b, testing::make_problem(seed++, m, h, hc, tp(), true), qv());
+          continue;
+        }
         run(op, b, testing::make_problem(seed++, m, h, hc, tp(), false), Variant::kPlain);
         run(op, b, testing::make_problem(seed++, m, h, hc, tp(), true), Variant::kMxfp8);
         run(op, b, testing::make_problem(seed++, m, h, hc, tp(), false), Variant::kResidualOnly);
@@ -163,10 +208,10 @@ TEST_P(AllReduceMHCTest, NegativeZeroSubnormalsAndZeroSums) {
         else if (tp() == 2) p.x[r][i] = r == 0 ? p.x[0][i] : static_cast<uint16_t>(p.x[0][i] ^ 0x8000);
       }
     }
-    run(op, b, p, Variant::kMxfp8, Protocol::kAuto, "signed zeros");
+    run(op, b, p, qv(), Protocol::kAuto, "signed zeros");
     if (tp() == 2) {
-      run(op, b, p, Variant::kMxfp8, Protocol::kTwoShot, "signed zeros two-shot");
-      run(op, b, p, Variant::kMxfp8, Protocol::kNccl, "signed zeros nccl");
+      run(op, b, p, qv(), Protocol::kTwoShot, "signed zeros two-shot");
+      run(op, b, p, qv(), Protocol::kNccl, "signed zeros nccl");
     }
   }
   comm().check_errors();
@@ -180,7 +225,7 @@ TEST_P(AllReduceMHCTest, PdlOnOffBitwiseEqual) {
   CallBuffers b(128, 5120, 4, 6);
   for (int64_t m : {1, 33, 100}) {
     const Problem p = testing::make_problem(700 + m, m, 5120, 4, tp(), m == 33);
-    EXPECT_EQ(run(a, b, p, Variant::kMxfp8).hash(), run(c, b, p, Variant::kMxfp8).hash()) << "M=" << m;
+    EXPECT_EQ(run(a, b, p, qv()).hash(), run(c, b, p, qv()).hash()) << "M=" << m;
   }
   comm().check_errors();
 }
@@ -194,8 +239,8 @@ TEST_P(AllReduceMHCTest, SingleLaunchEqualsTwoLaunches) {
   for (int64_t m : {1, 7, 96, 97, 128}) {
     for (bool fin : {false, true}) {
       const Problem p = testing::make_problem(800 + m + fin, m, 5120, 4, tp(), fin);
-      EXPECT_EQ(run(a, b, p, Variant::kMxfp8, Protocol::kAuto, "single launch").hash(),
-                run(c, b, p, Variant::kMxfp8, Protocol::kAuto, "two launches").hash()) << "M=" << m;
+      EXPECT_EQ(run(a, b, p, qv(), Protocol::kAuto, "single launch").hash(),
+                run(c, b, p, qv(), Protocol::kAuto, "two launches").hash()) << "M=" << m;
     }
   }
   comm().check_errors();
@@ -223,21 +268,19 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
     // Where a row fits one CTA, the streaming kernels can run here (else both sides would be
     // the CTA-per-row path and the comparison would check nothing).
     const kernels::RowTiling t = kernels::row_tiling(static_cast<int>(sh.h / 8), kernels::kMaxSingleLaunchCtas + 1, sh.hc);
-    if (t.ctas_per_row == 1) {
-      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kDirect,
-                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads), 0);
-      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kFinalize,
-                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads, 6), 0)
+    if (t.ctas_per_row == 1 && builds(qv(), sh.h)) {
+      const kernels::ConsumerVariant cv = consumer_variant(qv());
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kDirect, cv, 1, t.threads), 0);
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kFinalize, cv, 1, t.threads, 6), 0)
           << "H=" << sh.h << " hc=" << sh.hc;
-      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kPoll,
-                                                          kernels::ConsumerVariant::kMxfp8, 1, t.threads), 0);
+      EXPECT_GT(kernels::streaming_consumer_resident_ctas(sh.hc, kernels::ConsumerInput::kPoll, cv, 1, t.threads), 0);
     }
     for (const Protocol proto : protocols) {
       for (int64_t m : {int64_t{2}, int64_t{3}, int64_t{64}, int64_t{133}, cap}) {
-        for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
-          if (v == Variant::kMxfp8 && sh.h % 32 != 0) continue;
+        for (Variant v : variants()) {
+          if (!builds(v, sh.h)) continue;
           for (bool fin : {false, true}) {
-            if (fin && m == 3 && v != Variant::kMxfp8) continue;
+            if (fin && m == 3 && v != qv()) continue;
             const Problem p = testing::make_problem(seed++, m, sh.h, sh.hc, tp(), fin);
             const Outputs x = run(a, buf, p, v, proto, "streaming");
             const Outputs y = run(b, buf, p, v, proto, "row per CTA");
@@ -262,8 +305,8 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
     for (const Protocol proto : protocols) {
       for (int64_t m : {int64_t{2}, int64_t{133}, int64_t{300}}) {
         const Problem p = testing::make_problem(72000 + top_k * 1000 + m, m, 5120, 4, tp(), true, top_k);
-        const Outputs x = run(a, buf, p, Variant::kMxfp8, proto, "streaming");
-        const Outputs y = run(b, buf, p, Variant::kMxfp8, proto, "row per CTA");
+        const Outputs x = run(a, buf, p, qv(), proto, "streaming");
+        const Outputs y = run(b, buf, p, qv(), proto, "row per CTA");
         EXPECT_EQ(x.hash(), y.hash()) << "top_k=" << top_k << " M=" << m << " " << protocol_name(proto);
       }
     }
@@ -277,7 +320,7 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
     CallBuffers buf(300, 5120, 4, 6);
     for (int64_t m : {int64_t{2}, int64_t{300}}) {
       for (bool fin : {false, true}) {
-        run(one, buf, testing::make_problem(71000 + m + fin, m, 5120, 4, tp(), fin), Variant::kMxfp8,
+        run(one, buf, testing::make_problem(71000 + m + fin, m, 5120, 4, tp(), fin), qv(),
             Protocol::kOneShot, "one publisher");
       }
     }
@@ -305,7 +348,7 @@ TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
   uint64_t seed = 72000;
   int calls = 0;
   for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{96}, int64_t{97}, int64_t{128}, int64_t{129}, int64_t{300}}) {
-    for (Variant v : {Variant::kPlain, Variant::kMxfp8, Variant::kResidualOnly}) {
+    for (Variant v : variants()) {
       for (bool fin : {false, true}) {
         const Problem p = testing::make_problem(seed++, m, 5120, 4, 1, fin);
         const uint64_t want = run(direct, buf, p, v, Protocol::kAuto, "direct").hash();
@@ -329,7 +372,8 @@ TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   MHCCL_REQUIRE_TP(tp());
   AllReduceMHC op(comm(), config(5120, 4, 128, 65));
   struct Slot { int64_t m; bool fin; Variant v; };
-  const Slot slots[3] = {{3, false, Variant::kPlain}, {16, true, Variant::kMxfp8}, {70, false, Variant::kResidualOnly}};
+  // FP8 ops: the quantized variant at M = 3 (scale padding rows) and a finalize of 16 rows.
+  const Slot slots[3] = {{3, false, fp8() ? qv() : Variant::kPlain}, {16, true, qv()}, {70, false, Variant::kResidualOnly}};
   std::vector<std::unique_ptr<CallBuffers>> bufs;
   std::vector<Problem> probs;
   for (const Slot& s : slots) {
@@ -383,7 +427,7 @@ TEST_P(AllReduceMHCTest, NcclOptInChosenAndCapturable) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   MHCCL_TEST_CUDA(cudaStreamBeginCapture(env().stream, cudaStreamCaptureModeThreadLocal));
-  launch(op, p, Variant::kMxfp8, Protocol::kAuto, b, env().device, env().stream);
+  launch(op, p, qv(), Protocol::kAuto, b, env().device, env().stream);
   MHCCL_TEST_CUDA(cudaStreamEndCapture(env().stream, &graph));
   MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int rep = 0; rep < 3; ++rep) {
@@ -391,8 +435,8 @@ TEST_P(AllReduceMHCTest, NcclOptInChosenAndCapturable) {
     upload(p, rank(), b);
     MHCCL_TEST_CUDA(cudaGraphLaunch(exec, env().stream));
     MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
-    const Outputs got = download(p, Variant::kMxfp8, b);
-    EXPECT_EQ(check(p, Variant::kMxfp8, got), "") << "replay " << rep;
+    const Outputs got = download(p, qv(), b);
+    EXPECT_EQ(check(p, qv(), got), "") << "replay " << rep;
     EXPECT_TRUE(env().same_on_all_ranks(got.hash(), tp())) << "replay " << rep;
   }
   cudaGraphExecDestroy(exec);
@@ -401,8 +445,8 @@ TEST_P(AllReduceMHCTest, NcclOptInChosenAndCapturable) {
   for (int64_t m : {int64_t{64}, int64_t{65}, int64_t{128}}) {
     for (bool fin : {false, true}) {
       const Problem q = testing::make_problem(890 + m + fin, m, 5120, 4, tp(), fin);
-      const Outputs a = run(op, b, q, Variant::kMxfp8, Protocol::kAuto, "auto");
-      const Outputs o = run(op, b, q, Variant::kMxfp8, Protocol::kOneShot, "one-shot");
+      const Outputs a = run(op, b, q, qv(), Protocol::kAuto, "auto");
+      const Outputs o = run(op, b, q, qv(), Protocol::kOneShot, "one-shot");
       EXPECT_EQ(a.hash(), o.hash()) << "M=" << m << (fin ? " finalize" : " call");
     }
   }
@@ -424,7 +468,8 @@ TEST_P(AllReduceMHCTest, AlternatingMThousandCallsWithoutHostSync) {
   for (int c = 0; c < kCalls; ++c) {
     const int64_t m = c < 8 ? pattern[c] : 1 + static_cast<int64_t>(rng() % kCap);
     const bool fin = rng() % 3 == 0;
-    variants.push_back(static_cast<Variant>(rng() % 3));
+    const Variant choices[3] = {Variant::kPlain, qv(), Variant::kResidualOnly};
+    variants.push_back(choices[rng() % 3]);
     probs.push_back(testing::make_problem(20000 + c, m, kH, 4, tp(), fin));
     bufs.push_back(std::make_unique<CallBuffers>(m, kH, 4, 6));
     upload(probs.back(), rank(), *bufs.back());
@@ -456,9 +501,9 @@ TEST_P(AllReduceMHCTest, OneRankDelayed) {
     const Problem p = testing::make_problem(30000 + c, m, 5120, 4, tp(), c % 3 == 0);
     upload(p, rank(), b);
     if (rank() == tp() - 1) MHCCL_TEST_CUDA(testing::launch_gpu_delay(100000 + 100000 * (c % 4), env().stream));
-    launch(op, p, Variant::kMxfp8, Protocol::kAuto, b, env().device, env().stream);
+    launch(op, p, qv(), Protocol::kAuto, b, env().device, env().stream);
     MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
-    EXPECT_EQ(check(p, Variant::kMxfp8, download(p, Variant::kMxfp8, b)), "") << "call " << c;
+    EXPECT_EQ(check(p, qv(), download(p, qv(), b)), "") << "call " << c;
   }
   comm().check_errors();
 }
@@ -486,7 +531,7 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
     keep.emplace_back(p, t, std::move(s), d < 0 ? dev : d);
     return keep.back().get();
   };
-  const std::vector<Bad> bad = {
+  std::vector<Bad> bad = {
       {"x dtype", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kF32, {8, 5120}); }},
       {"x shape", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {8, 5000}); }},
       {"x missing", false, [&](auto& a, auto&, auto&) { a.x = nullptr; }},
@@ -519,7 +564,7 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
       {"mxfp8 values dtype", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, kBF16, {8, 2560}); }},
       {"mxfp8 values e5m2", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, DLDataType{12, 8, 1}, {8, 5120}); }},
       {"layer_input missing", false, [&](auto& a, auto&, auto&) { a.epilogue.layer_input = nullptr; }},
-      {"layer_input given to residual-only", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = a.epilogue.norm_weight = nullptr; a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr; }},
+      {"layer_input given to residual-only", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = a.epilogue.norm_weight = nullptr; a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr; a.epilogue.fp8_values = a.epilogue.fp8_scales = nullptr; }},
       {"eps negative", false, [&](auto& a, auto&, auto&) { a.epilogue.eps = -1.0f; }},
       {"eps NaN", false, [&](auto& a, auto&, auto&) { a.epilogue.eps = NAN; }},
       {"protocol out of range", false, [&](auto& a, auto&, auto&) { a.protocol = static_cast<Protocol>(7); }},
@@ -534,10 +579,28 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
       {"finalize shared rows disagree", true, [&](auto&, auto& f, auto& k) { f.shared_output = D(k, b.shared, kBF16, {9, 5120}); }},
       {"finalize shared misaligned", true, [&](auto&, auto& f, auto& k) { f.shared_output = D(k, b.shared + 4, kBF16, {8, 5120}); }},
   };
+  if (fp8()) {  // the FP8 outputs' errors in place of the MXFP8 ones (the valid call below has FP8 outputs)
+    bad.erase(std::remove_if(bad.begin(), bad.end(), [](const Bad& k) { return std::string(k.what).rfind("mxfp8", 0) == 0; }),
+              bad.end());
+    const std::vector<Bad> fp8_bad = {
+        {"fp8 with residual-only", false, [&](auto& a, auto&, auto&) { a.epilogue.pre = a.epilogue.norm_weight = a.epilogue.layer_input = nullptr; }},
+        {"fp8 values without scales", false, [&](auto& a, auto&, auto&) { a.epilogue.fp8_scales = nullptr; }},
+        {"fp8 scales without values", false, [&](auto& a, auto&, auto&) { a.epilogue.fp8_values = nullptr; }},
+        {"fp8 with mxfp8 outputs", false, [&](auto& a, auto&, auto& k) { a.epilogue.mxfp8_values = D(k, b.values, kU8, {8, 5120}); a.epilogue.mxfp8_scales = D(k, b.scales, kU8, {mxfp8_scale_bytes(8, 5120)}); }},
+        {"fp8 scales too small", false, [&](auto& a, auto&, auto& k) { a.epilogue.fp8_scales = D(k, b.scales, kF32, {16}); }},
+        {"fp8 scales uint8", false, [&](auto& a, auto&, auto& k) { a.epilogue.fp8_scales = D(k, b.scales, kU8, {fp8_group_scale_bytes(8, 5120)}); }},
+        {"fp8 scales misaligned", false, [&](auto& a, auto&, auto& k) { a.epilogue.fp8_scales = D(k, b.scales + 4, kF32, {40, 8}); }},
+        {"fp8 scales on another device", false, [&](auto& a, auto&, auto& k) { a.epilogue.fp8_scales = D(k, b.scales, kF32, {40, 8}, dev + 1); }},
+        {"fp8 scales negative dims", true, [&](auto&, auto& f, auto& k) { f.epilogue.fp8_scales = D(k, b.scales, kF32, {-40, -8}); }},
+        {"fp8 values shape", false, [&](auto& a, auto&, auto& k) { a.epilogue.fp8_values = D(k, b.values, kU8, {8, 2560}); }},
+        {"fp8 values e5m2", true, [&](auto&, auto& f, auto& k) { f.epilogue.fp8_values = D(k, b.values, DLDataType{12, 8, 1}, {8, 5120}); }},
+    };
+    bad.insert(bad.end(), fp8_bad.begin(), fp8_bad.end());
+  }
   uint64_t seed = 40000;
   int rejected = 0;
   for (const Bad& k : bad) {
-    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), seed % 2 == 0), Variant::kMxfp8, Protocol::kAuto, "before");
+    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), seed % 2 == 0), qv(), Protocol::kAuto, "before");
     Desc x(b.x, kBF16, {8, 5120}, dev), res(b.residual, kBF16, {8, 4, 5120}, dev),
         post(b.post, kF32, {8, 4}, dev), comb(b.comb, kF32, {8, 4, 4}, dev),
         pre(b.pre, kF32, {8, 4}, dev), norm(b.norm, kBF16, {5120}, dev),
@@ -548,6 +611,12 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
     CallArgs a;
     a.x = x.get();
     a.epilogue = {res.get(), post.get(), comb.get(), pre.get(), norm.get(), 1e-6f, out.get(), li.get(), val.get(), sc.get()};
+    Desc fsc(b.scales, kF32, {40, 8}, dev);  // FP8 scales of M = 8: [G, Mp]
+    if (fp8()) {
+      a.epilogue.mxfp8_values = a.epilogue.mxfp8_scales = nullptr;
+      a.epilogue.fp8_values = val.get();
+      a.epilogue.fp8_scales = fsc.get();
+    }
     FinArgs f;
     f.gemm2_permuted = g2.get();
     f.expert_weights = w.get();
@@ -563,7 +632,7 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
       EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
     }
     ++rejected;
-    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), true), Variant::kMxfp8, Protocol::kAuto, "after");
+    run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), true), qv(), Protocol::kAuto, "after");
   }
   std::printf("TP=%d: %d kinds of bad call rejected, each between two checked calls\n", tp(), rejected);
   comm().check_errors();
@@ -587,7 +656,7 @@ TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
     for (auto& routes : p.routes) routes[c.top_k + c.k] = 1 << 20;  // far outside gemm2
     const std::string what = "M=" + std::to_string(c.m) + (c.streaming ? " streaming" : " CTA per row") +
                              " top_k=" + std::to_string(c.top_k) + " bad route " + std::to_string(c.k);
-    run(op, b, p, Variant::kPlain, Protocol::kAuto, what.c_str());
+    run(op, b, p, fp8() ? qv() : Variant::kPlain, Protocol::kAuto, what.c_str());
     try {
       comm().check_errors();
       ADD_FAILURE() << "the bad route was not reported: " << what;
@@ -596,13 +665,21 @@ TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
       EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
     }
     comm().check_errors();  // reported once; the communicator stays usable
-    run(op, b, testing::make_problem(50100 + c.m + c.top_k, c.m, 5120, 4, tp(), true, c.top_k), Variant::kPlain,
+    run(op, b, testing::make_problem(50100 + c.m + c.top_k, c.m, 5120, 4, tp(), true, c.top_k),
+        fp8() ? qv() : Variant::kPlain,
         Protocol::kAuto, "after");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest, ::testing::Values(1, 2),
-                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+// Names: tp1, tp2 (MXFP8 ops, as before the FP8 variant), tp1_fp8, tp1_fp8ue8m0, tp2_fp8, ...
+INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(Quant::kMxfp8, Quant::kFp8, Quant::kFp8Ue8m0)),
+                         [](const auto& info) {
+                           const Quant q = std::get<1>(info.param);
+                           return "tp" + std::to_string(std::get<0>(info.param)) +
+                                  (q == Quant::kMxfp8 ? "" : q == Quant::kFp8 ? "_fp8" : "_fp8ue8m0");
+                         });
 
 // A rank that never publishes: the other gets Error(kPeerTimeout) naming it within the budget.
 // Twice, each on a fresh communicator: a single-launch call (M = 4), and a streaming one-shot

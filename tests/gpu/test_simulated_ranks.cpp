@@ -27,6 +27,7 @@
 #include "gpu_env.h"
 #include "kernels/launch.h"
 #include "kernels/params.h"
+#include "mhccl/fp8_groups.h"
 
 namespace mhccl::gputest {
 namespace {
@@ -90,6 +91,20 @@ struct SimErrors {
   ErrorSink sink{};
 };
 
+ConsumerVariant consumer_variant(Variant v) {
+  switch (v) {
+    case Variant::kPlain: return ConsumerVariant::kPlain;
+    case Variant::kMxfp8: return ConsumerVariant::kMxfp8;
+    case Variant::kResidualOnly: return ConsumerVariant::kResidualOnly;
+    default: return ConsumerVariant::kFp8;
+  }
+}
+
+// The tiling src/ops/all_reduce_mhc.cpp takes for variant v (FP8: groups of 16 packs in one CTA).
+RowTiling variant_tiling(int np, int64_t m, int hc, Variant v) {
+  return row_tiling(np, m, hc, 0, testing::is_fp8(v) ? kFp8GroupPacks : 4);
+}
+
 // The kernels' parameters of rank r for problem p, as src/ops/all_reduce_mhc.cpp builds them
 // (rotated one-shot targets, owners' mailboxes, rotated reduced buffers), from the ranks' own
 // buffers; the path's launch shape is set by the caller.
@@ -119,9 +134,13 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
   cp.layer_input = v == Variant::kResidualOnly ? nullptr : b.layer;
   cp.mxfp8_values = v == Variant::kMxfp8 ? b.values : nullptr;
   cp.mxfp8_scales = v == Variant::kMxfp8 ? reinterpret_cast<uint8_t*>(b.scales) : nullptr;
+  cp.fp8_values = testing::is_fp8(v) ? b.values : nullptr;
+  cp.fp8_scales = testing::is_fp8(v) ? reinterpret_cast<float*>(b.scales) : nullptr;
+  cp.fp8_scale_rows = fp8_group_scale_rows(m);
+  cp.fp8_ue8m0 = v == Variant::kFp8Ue8m0;
   cp.m = m;
   cp.np = np;
-  cp.tiling = row_tiling(np, m, kHc);
+  cp.tiling = variant_tiling(np, m, kHc, v);
   cp.err = err;
   cp.tp = tp;
   cp.rank = r;
@@ -212,68 +231,71 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
   for (const bool two_shot : {false, true}) {
     for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{150}, kCap}) {
       for (const bool fin : {false, true}) {
-        const Variant v = static_cast<Variant>(seed % 3);
-        const ConsumerVariant cv = v == Variant::kPlain ? ConsumerVariant::kPlain
-                                   : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
-                                                          : ConsumerVariant::kResidualOnly;
-        const Problem p = testing::make_problem(seed++, m, kH, kHc, tp, fin);
-        // 0 where the stages exceed the shared memory (one-shot at TP=8: the host then runs the
-        // CTA-per-row consumer); a single row never streams.
-        const int resident = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, cv, two_shot ? 1 : tp, big.threads);
-        std::vector<Path> paths = {Path::kPhased};
-        if (!phased_only && resident > 0 && m > 1) paths.push_back(Path::kStreaming);
-        if (!phased_only && !two_shot && m <= 3) paths.push_back(Path::kSingleLaunch);
-        uint64_t hash_by_tiling[kMaxCtasPerRow + 1] = {};
-        for (const Path path : paths) {
-          std::vector<PublishParams> pps(tp);
-          std::vector<OwnerReduceParams> orps(tp);
-          std::vector<ConsumerParams> cps(tp);
-          for (int r = 0; r < tp; ++r) {
-            testing::upload(p, r, ranks[r]->buf);
-            build_params(ranks, r, p, v, two_shot, err, pps[r], orps[r], cps[r]);
-            ConsumerParams& cp = cps[r];
-            if (path == Path::kStreaming) {
-              cp.tiling = big;  // a row on one CTA (what the host streams; small M never does)
-              cp.streaming_min_rows = 1;
-              cp.streaming_ctas = resident / tp;
-              cp.publisher_ctas = publishers;
-              cp.reducer_ctas = two_shot ? reducers : 0;
-              ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << "tp=" << tp << " M=" << m;
-            } else if (path == Path::kSingleLaunch) {
-              cp.publish_first = true;
+        // One of plain, MXFP8, residual-only by turns, and one FP8 variant (call and finalize of
+        // each (protocol, M) take one each of without and with UE8M0 scales).
+        const uint64_t case_seed = seed++;
+        for (const Variant v : {static_cast<Variant>(case_seed % 3), case_seed % 2 ? Variant::kFp8Ue8m0 : Variant::kFp8}) {
+          const ConsumerVariant cv = consumer_variant(v);
+          const Problem p = testing::make_problem(case_seed, m, kH, kHc, tp, fin);
+          // 0 where the stages exceed the shared memory (one-shot at TP=8: the host then runs the
+          // CTA-per-row consumer); a single row never streams.
+          const int resident = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, cv, two_shot ? 1 : tp, big.threads);
+          std::vector<Path> paths = {Path::kPhased};
+          if (!phased_only && resident > 0 && m > 1) paths.push_back(Path::kStreaming);
+          if (!phased_only && !two_shot && m <= 3) paths.push_back(Path::kSingleLaunch);
+          uint64_t hash_by_tiling[kMaxCtasPerRow + 1] = {};
+          for (const Path path : paths) {
+            std::vector<PublishParams> pps(tp);
+            std::vector<OwnerReduceParams> orps(tp);
+            std::vector<ConsumerParams> cps(tp);
+            for (int r = 0; r < tp; ++r) {
+              testing::upload(p, r, ranks[r]->buf);
+              build_params(ranks, r, p, v, two_shot, err, pps[r], orps[r], cps[r]);
+              ConsumerParams& cp = cps[r];
+              if (path == Path::kStreaming) {
+                cp.tiling = testing::is_fp8(v) ? row_tiling(np, kMaxSingleLaunchCtas + 1, kHc, 0, kFp8GroupPacks)
+                                               : big;  // a row on one CTA (what the host streams; small M never does)
+                cp.streaming_min_rows = 1;
+                cp.streaming_ctas = resident / tp;
+                cp.publisher_ctas = publishers;
+                cp.reducer_ctas = two_shot ? reducers : 0;
+                ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << "tp=" << tp << " M=" << m;
+              } else if (path == Path::kSingleLaunch) {
+                cp.publish_first = true;
+              }
             }
-          }
-          MHCCL_TEST_CUDA(cudaDeviceSynchronize());  // the uploads (legacy stream) before any launch
-          auto each = [&](auto&& launch) {
-            for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch(r));
-            MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-          };
-          if (path == Path::kPhased) {
-            each([&](int r) { return launch_publish(pps[r], ranks[r]->stream, false); });
-            if (two_shot) each([&](int r) { return launch_owner_reduce(orps[r], ranks[r]->stream, false); });
-            for (ConsumerParams& cp : cps) {
-              cp.streaming_min_rows = 0;
-              cp.wait_predecessor = false;
+            MHCCL_TEST_CUDA(cudaDeviceSynchronize());  // the uploads (legacy stream) before any launch
+            auto each = [&](auto&& launch) {
+              for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch(r));
+              MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+            };
+            if (path == Path::kPhased) {
+              each([&](int r) { return launch_publish(pps[r], ranks[r]->stream, false); });
+              if (two_shot) each([&](int r) { return launch_owner_reduce(orps[r], ranks[r]->stream, false); });
+              for (ConsumerParams& cp : cps) {
+                cp.streaming_min_rows = 0;
+                cp.wait_predecessor = false;
+              }
             }
-          }
-          each([&](int r) { return launch_consumer(cps[r], kHc, ConsumerInput::kPoll, cv, ranks[r]->stream, true); });
-          ++calls[two_shot ? 1 : 0];
-          const ErrorRecord expired = errors.timeout();
-          ASSERT_EQ(expired.ready, 0u)
-              << "a wait expired: tp=" << tp << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
-              << " M=" << m << ": peer " << expired.peer << " row " << expired.row;
-          for (int r = 0; r < tp; ++r) {
-            const Outputs got = testing::download(p, v, ranks[r]->buf);
-            EXPECT_EQ(testing::check(p, v, got), "")
-                << "tp=" << tp << " rank " << r << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
-                << (fin ? " finalize" : " call") << " M=" << m << " " << testing::variant_name(v);
-            // Every rank alike; every path alike where the rows have the same tiling (the RMS sum's
-            // order follows the CTAs a row: the streaming path at small M has one, the host's
-            // paths at that M five, so layer_input may differ there by the rounding of that sum).
-            uint64_t& want = hash_by_tiling[cps[r].tiling.ctas_per_row];
-            if (want == 0) want = got.hash();
-            EXPECT_EQ(got.hash(), want) << "tp=" << tp << " rank " << r << " " << path_name(path) << " M=" << m;
-            ++checked;
+            each([&](int r) { return launch_consumer(cps[r], kHc, ConsumerInput::kPoll, cv, ranks[r]->stream, true); });
+            ++calls[two_shot ? 1 : 0];
+            const ErrorRecord expired = errors.timeout();
+            ASSERT_EQ(expired.ready, 0u)
+                << "a wait expired: tp=" << tp << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
+                << " M=" << m << ": peer " << expired.peer << " row " << expired.row;
+            for (int r = 0; r < tp; ++r) {
+              const Outputs got = testing::download(p, v, ranks[r]->buf);
+              EXPECT_EQ(testing::check(p, v, got), "")
+                  << "tp=" << tp << " rank " << r << " " << path_name(path) << (two_shot ? " two-shot" : " one-shot")
+                  << (fin ? " finalize" : " call") << " M=" << m << " " << testing::variant_name(v);
+              // Every rank alike; every path alike where the rows have the same tiling (the RMS sum's
+              // order follows the CTAs a row: the streaming path at small M has one, the host's
+              // paths at that M five, so layer_input may differ there by the rounding of that sum).
+              uint64_t& want = hash_by_tiling[cps[r].tiling.ctas_per_row];
+              if (want == 0) want = got.hash();
+              EXPECT_EQ(got.hash(), want) << "tp=" << tp << " rank " << r << " " << path_name(path) << " M=" << m;
+              ++checked;
+            }
           }
         }
       }

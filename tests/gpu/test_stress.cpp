@@ -1,7 +1,7 @@
 // Stress (issues 5 and 7): thousands of calls in one sequence, every one checked against the CPU
 // reference. M drawn at random in [1, capacity] so that calls cross the one-shot/two-shot
-// threshold back and forth; the variant, call/finalize and all-gathers interleaved on the same
-// communicator drawn at random; inputs with -0.0, +0.0, subnormals of both signs, Inf and NaN;
+// threshold back and forth; the variant (the per-token-group FP8 ones on ops of their own),
+// call/finalize and all-gathers interleaved on the same communicator drawn at random; inputs with -0.0, +0.0, subnormals of both signs, Inf and NaN;
 // a random rank delayed before random calls; batches run eagerly and as one CUDA graph (PDL on),
 // with no host synchronization inside a batch. Every rank draws the same sequence from one seed
 // and checks every rank's result, and the ranks' output hashes must agree.
@@ -86,7 +86,7 @@ Entry draw(std::mt19937_64& rng, uint64_t seed, int tp) {
                     : c == 2 ? 17 + static_cast<int64_t>(rng() % (kTwoShotMin - 17))
                              : kTwoShotMin + static_cast<int64_t>(rng() % (kCap - kTwoShotMin + 1));
     const bool fin = rng() % 2 == 0;
-    e.v = static_cast<Variant>(rng() % 3);
+    e.v = static_cast<Variant>(rng() % 5);  // the FP8 variants on their own ops (below)
     e.p = testing::make_problem(seed, m, kH, kHc, tp, fin);
     std::mt19937_64 s(seed ^ 0x5bd1e995u);
     if (s() % 2 == 0) {  // specials in the reduced inputs and the residual streams
@@ -129,6 +129,15 @@ TEST_P(Stress, RandomCallsAllVariantsSpecialsGraphsDelaysAndGathers) {
   cfg.streaming_min_rows = 48;
   cfg.single_launch_max_rows = 32;
   AllReduceMHC op(comm(), cfg);
+  // The per-token-group FP8 variants (without and with UE8M0 scales) on ops of their own, on the
+  // same communicator, interleaved with the others.
+  AllReduceMHCConfig fp8_cfg = cfg, ue8m0_cfg = cfg;
+  testing::build_quant(fp8_cfg, testing::Quant::kFp8);
+  testing::build_quant(ue8m0_cfg, testing::Quant::kFp8Ue8m0);
+  AllReduceMHC fp8_op(comm(), fp8_cfg), ue8m0_op(comm(), ue8m0_cfg);
+  auto op_for = [&](Variant v) -> AllReduceMHC& {
+    return v == Variant::kFp8 ? fp8_op : v == Variant::kFp8Ue8m0 ? ue8m0_op : op;
+  };
   LamportAllGather ag(comm(), kGatherCap);
   std::vector<std::unique_ptr<CallBuffers>> bufs;
   std::vector<DeviceBuffer> gin, gout;
@@ -166,7 +175,7 @@ TEST_P(Stress, RandomCallsAllVariantsSpecialsGraphsDelaysAndGathers) {
         Desc dout(gout[i].get(), testing::kU8, {bytes * tp()}, env().device);
         ag.call(din.t, dout.t, env().stream);
       } else {
-        testing::launch(op, e.p, e.v, Protocol::kAuto, *bufs[i], env().device, env().stream);
+        testing::launch(op_for(e.v), e.p, e.v, Protocol::kAuto, *bufs[i], env().device, env().stream);
       }
     }
     if (as_graph) {

@@ -73,7 +73,7 @@ void print_tables(const std::vector<json>& rows) {
     head = false;
     for (const json& r : rs) {
       const std::string op = r["op"];
-      if (op.rfind("allreduce_mhc", 0) != 0 || r.contains("lamport_floor_us")) continue;
+      if (op.rfind("allreduce_mhc", 0) != 0 || r.contains("lamport_floor_us") || r.contains("separate_quant_us")) continue;
       if (!head) {
         std::printf("\nAllReduceMHC, TP=%d, H=%d, hc=%d\n  %-9s %-13s %5s %-9s %9s %14s %8s %9s %12s %8s\n", tp,
                     r["hidden"].get<int>(), r["hc"].get<int>(), "op", "variant", "M", "protocol", "mhccl us",
@@ -118,6 +118,23 @@ void print_tables(const std::vector<json>& rows) {
                   r["m"].get<long long>(), fmt(one).c_str(), fmt(two).c_str(), fmt(nccl).c_str(),
                   (fmt(nccl / std::min(one, two > 0 ? two : one)) + "x").c_str(),
                   fmt(num(r, "lamport_floor_us")).c_str(), fmt(bw2).c_str());
+    }
+    head = false;
+    for (const json& r : rs) {
+      if (!r.contains("separate_quant_us")) continue;
+      if (!head) {
+        std::printf("\nFP8 layer input, TP=%d: fused vs plain + a separate quantization kernel\n  %-9s %-9s %5s %-9s %9s %9s %9s %12s %9s %8s\n",
+                    tp, "op", "variant", "M", "protocol", "fused us", "plain us", "extra us", "plain+kernel", "kernel us",
+                    "speedup");
+        head = true;
+      }
+      const std::string op = r["op"];
+      const double u = num(r, "us_median"), b = num(r, "baseline_us");
+      std::printf("  %-9s %-9s %5lld %-9s %9s %9s %9s %12s %9s %8s\n", op.substr(op.find('.') + 1).c_str(),
+                  r["variant"].get<std::string>().c_str(), r["m"].get<long long>(),
+                  r["protocol"].get<std::string>().c_str(), fmt(u).c_str(), fmt(num(r, "plain_us")).c_str(),
+                  fmt(u - num(r, "plain_us")).c_str(), fmt(b).c_str(), fmt(num(r, "separate_quant_us")).c_str(),
+                  (fmt(b / u) + "x").c_str());
     }
     for (const json& r : rs) {
       if (r["op"] == "memory") {
@@ -166,7 +183,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mhccl-bench: checks mhccl's ops against the CPU reference on every local GPU, then\n"
                "times them against NCCL baselines (CUDA-graph replays, median of repeats)."};
   app.add_option("--tp", o.tps, "TP sizes to run (default: every local GPU as one group, then 1)");
-  app.add_option("--ops", ops_list, "comma list of allgather, allreduce, twoshot (default: all)");
+  app.add_option("--ops", ops_list, "comma list of allgather, allreduce, twoshot, fp8 (default: all)");
   app.add_option("--json", o.json_path, "write every row (op, variant, protocol, tp, m, bytes/hidden, hc, us_median, baseline, baseline_us, correct) to this file");
   app.add_flag("--quick", o.quick, "fewer sizes (a smoke run)");
   bool check_only = false, no_check = false;
@@ -186,8 +203,8 @@ int main(int argc, char** argv) {
   o.timing = !check_only;
   std::stringstream ss(ops_list);
   for (std::string op; std::getline(ss, op, ',');) {
-    if (op != "allgather" && op != "allreduce" && op != "twoshot") {
-      std::fprintf(stderr, "mhccl-bench: unknown op '%s' (allgather, allreduce, twoshot)\n", op.c_str());
+    if (op != "allgather" && op != "allreduce" && op != "twoshot" && op != "fp8") {
+      std::fprintf(stderr, "mhccl-bench: unknown op '%s' (allgather, allreduce, twoshot, fp8)\n", op.c_str());
       return 2;
     }
     o.ops.push_back(op);

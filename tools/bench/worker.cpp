@@ -15,6 +15,7 @@
 
 #include "bench/bench.h"
 #include "bench/floor.h"
+#include "bench/group_quant.h"
 #include "common/device_buffer.h"
 #include "common/fill_random.h"
 #include "common/mhc_harness.h"
@@ -24,6 +25,7 @@
 #include "mhccl/bootstrap.h"
 #include "mhccl/communicator.h"
 #include "mhccl/error.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 #include "mhccl/reference.h"
 
@@ -139,7 +141,21 @@ AllReduceMHCConfig dsv41_config(int64_t capacity) {
 }
 
 const char* variant_key(Variant v) {
-  return v == Variant::kPlain ? "plain" : v == Variant::kMxfp8 ? "mxfp8" : "residual_only";
+  switch (v) {
+    case Variant::kPlain: return "plain";
+    case Variant::kMxfp8: return "mxfp8";
+    case Variant::kResidualOnly: return "residual_only";
+    case Variant::kFp8: return "fp8";
+    case Variant::kFp8Ue8m0: return "fp8_ue8m0";
+  }
+  return "?";
+}
+
+// DSV4.1's boundary built for the per-token-group FP8 variant (ue8m0: power-of-two scales).
+AllReduceMHCConfig dsv41_fp8_config(int64_t capacity, bool ue8m0) {
+  AllReduceMHCConfig cfg = dsv41_config(capacity);
+  testing::build_quant(cfg, ue8m0 ? testing::Quant::kFp8Ue8m0 : testing::Quant::kFp8);
+  return cfg;
 }
 
 // --- Checks -------------------------------------------------------------------------------------
@@ -235,6 +251,51 @@ void check_all_reduce(Ctx& c) {
         c.verdict(fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call",
                   "tp=" + std::to_string(c.tp) + " " + variant_key(v) + " M=1024 " +
                       protocol_name(large.protocol_for(kM, fin)) + " (streaming)", err);
+      }
+    }
+  }
+}
+
+// The FP8 variant (without and with UE8M0 scales) on every path M takes (single launch, CTA per
+// row, two-shot from 129 rows at TP > 1, the streaming call at 1024), and the bench's separate
+// quantization kernel (the baseline of time_fp8) against the CPU reference on a plain call's layer input.
+void check_fp8(Ctx& c) {
+  constexpr int64_t kCap = 1024;
+  uint64_t seed = 5000;
+  for (const bool ue8m0 : {false, true}) {
+    AllReduceMHCConfig cfg = dsv41_fp8_config(kCap, ue8m0);
+    cfg.two_shot_min_rows = 129;
+    cfg.two_shot_min_finalize_rows = kCap + 1;
+    AllReduceMHC op(*c.comm, cfg);
+    CallBuffers b(kCap, kH, kHc, kTopK);
+    const Variant v = ue8m0 ? Variant::kFp8Ue8m0 : Variant::kFp8;
+    for (bool fin : {false, true}) {
+      for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{129}, int64_t{300}, kCap}) {
+        if (!fin && m == kCap) continue;  // call at 1024 would be two-shot here; finalize streams one-shot
+        const Problem p = testing::make_problem(seed++, m, kH, kHc, c.tp, fin, kTopK);
+        std::string err;
+        try {
+          testing::upload(p, c.rank, b);
+          testing::launch(op, p, v, Protocol::kAuto, b, c.device, c.stream);
+          c.sync();
+          const testing::Outputs got = testing::download(p, v, b);
+          err = testing::check(p, v, got);
+          if (err.empty() && !c.same_on_all_ranks(got.hash())) err = "ranks differ";
+          if (err.empty()) {  // the baseline kernel on the same layer input: the same bits
+            MHCCL_TEST_CUDA(cudaMemset(b.values, 0xA5, static_cast<size_t>(m * kH)));
+            MHCCL_TEST_CUDA(cudaMemset(b.scales, 0xA5, static_cast<size_t>(fp8_group_scale_bytes(m, kH))));
+            MHCCL_TEST_CUDA(launch_group_quant(b.layer, b.values, reinterpret_cast<float*>(b.scales), m, kH, ue8m0,
+                                               c.stream));
+            c.sync();
+            if (testing::download(p, v, b).hash() != got.hash()) err = "the separate quantization kernel differs";
+          }
+          c.comm->check_errors();
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+        c.verdict(fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call",
+                  "tp=" + std::to_string(c.tp) + " " + variant_key(v) + " M=" + std::to_string(m) + " " +
+                      protocol_name(op.protocol_for(m, fin)) + " (+ separate kernel)", err);
       }
     }
   }
@@ -402,6 +463,53 @@ void time_all_reduce(Ctx& c) {
   }
 }
 
+// The fused FP8 variant against the unfused way (the plain call, then a separate per-token-group
+// quantization kernel of its layer input: bench/group_quant.cu), both in the same run, at M = 1
+// .. 4096, default thresholds: extra_us = fused - plain is what the fused quantization costs,
+// separate_quant_us = (plain + kernel) - plain what the separate kernel does. Both scale rules.
+void time_fp8(Ctx& c) {
+  const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{1, 8, 64, 512, 4096}
+                                              : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  const int64_t cap = ms.back();
+  AllReduceMHC plain_op(*c.comm, dsv41_config(cap));
+  AllReduceMHC fp8_op(*c.comm, dsv41_fp8_config(cap, false)), ue8m0_op(*c.comm, dsv41_fp8_config(cap, true));
+  InputSets sets(4, cap, c.stream);
+  c.say("  fp8 layer input: fused vs plain + a separate per-token-group quantization kernel (H=%lld, hc=%d)\n",
+        (long long)kH, kHc);
+  for (int64_t m : ms) {
+    for (bool fin : {false, true}) {
+      const Problem p = shape_only(m, c.tp, fin, cap);
+      const double plain = c.time_calls([&](int i) {
+        testing::launch(plain_op, p, Variant::kPlain, Protocol::kAuto, sets[i], c.device, c.stream);
+      });
+      for (const bool ue8m0 : {false, true}) {
+        const Variant v = ue8m0 ? Variant::kFp8Ue8m0 : Variant::kFp8;
+        AllReduceMHC& op = ue8m0 ? ue8m0_op : fp8_op;
+        const double fused = c.time_calls([&](int i) {
+          testing::launch(op, p, v, Protocol::kAuto, sets[i], c.device, c.stream);
+        });
+        const double separate = c.time_calls([&](int i) {
+          testing::launch(plain_op, p, Variant::kPlain, Protocol::kAuto, sets[i], c.device, c.stream);
+          MHCCL_TEST_CUDA(launch_group_quant(sets[i].layer, sets[i].values, reinterpret_cast<float*>(sets[i].scales), m,
+                                             kH, ue8m0, c.stream));
+        });
+        const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
+        json r = base_row(c, opn, variant_key(v), c.tp == 1 ? "tp1" : protocol_name(op.protocol_for(m, fin)), m);
+        r["us_median"] = fused;
+        r["baseline"] = "plain+group_quant_kernel";
+        r["baseline_us"] = separate;
+        r["plain_us"] = plain;
+        r["extra_us"] = fused - plain;
+        r["separate_quant_us"] = separate - plain;
+        c.rows.push_back(r);
+        c.say("    %-22s %-9s M=%-5lld fused %7.2f us  plain %7.2f (+%.2f)  plain+kernel %7.2f (+%.2f)  %.2fx\n",
+              opn.c_str(), variant_key(v), (long long)m, fused, plain, fused - plain, separate, separate - plain,
+              separate / fused);
+      }
+    }
+  }
+}
+
 // One-shot vs two-shot vs NCCL + consumer at large M (TP > 1): where the thresholds come from.
 // At TP > 1: one-shot, two-shot and NCCL + consumer. At TP=1 the same table through the rank's
 // own mailbox (lamport_self_test: the protocols' launch shapes with local stores instead of
@@ -482,6 +590,7 @@ int run_worker(const Options& opts) {
     c.say("checks against the CPU reference:\n");
     if (opts.wants("allgather")) check_all_gather(c);
     if (opts.wants("allreduce") || opts.wants("twoshot")) check_all_reduce(c);
+    if (opts.wants("fp8")) check_fp8(c);
   }
   if (opts.timing) {
     c.copy_gbps = copy_bandwidth_gbps(size_t(1) << 30, c.stream);
@@ -494,6 +603,7 @@ int run_worker(const Options& opts) {
     if (opts.wants("allgather")) time_all_gather(c);
     if (opts.wants("allreduce")) time_all_reduce(c);
     if (opts.wants("twoshot")) time_two_shot(c);
+    if (opts.wants("fp8")) time_fp8(c);
   }
   for (json& r : c.rows) {
     const std::string op = r.value("op", "");

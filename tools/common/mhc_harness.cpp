@@ -1,8 +1,11 @@
 #include "common/mhc_harness.h"
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "common/tensor_desc.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 #include "mhccl/reference.h"
 
@@ -14,9 +17,39 @@ const char* variant_name(Variant v) {
     case Variant::kPlain: return "plain";
     case Variant::kMxfp8: return "mxfp8";
     case Variant::kResidualOnly: return "residual-only";
+    case Variant::kFp8: return "fp8";
+    case Variant::kFp8Ue8m0: return "fp8-ue8m0";
   }
   return "?";
 }
+
+bool is_fp8(Variant v) { return v == Variant::kFp8 || v == Variant::kFp8Ue8m0; }
+
+const char* quant_name(Quant q) {
+  return q == Quant::kMxfp8 ? "mxfp8" : q == Quant::kFp8 ? "fp8" : "fp8-ue8m0";
+}
+
+Variant quant_variant(Quant q) {
+  return q == Quant::kMxfp8 ? Variant::kMxfp8 : q == Quant::kFp8 ? Variant::kFp8 : Variant::kFp8Ue8m0;
+}
+
+void build_quant(AllReduceMHCConfig& c, Quant q) {
+  c.quantize_layer_input = q == Quant::kMxfp8 && c.hidden_size % 32 == 0;
+  c.quantize_layer_input_fp8 = q != Quant::kMxfp8 && c.hidden_size % kFp8GroupElems == 0;
+  c.fp8_ue8m0_scales = c.quantize_layer_input_fp8 && q == Quant::kFp8Ue8m0;
+}
+
+namespace {
+// Bytes of the scale buffer of `rows` rows that holds either format.
+size_t scale_buffer_bytes(int64_t rows, int64_t h) {
+  const int64_t mx = mxfp8_scale_bytes(rows, h % 32 == 0 ? h : 32);
+  const int64_t fp8 = h % kFp8GroupElems == 0 ? fp8_group_scale_bytes(rows, h) : 0;
+  return static_cast<size_t>(std::max(mx, fp8));
+}
+int64_t scale_bytes(Variant v, int64_t m, int64_t h) {
+  return v == Variant::kMxfp8 ? mxfp8_scale_bytes(m, h) : is_fp8(v) ? fp8_group_scale_bytes(m, h) : 0;
+}
+}  // namespace
 
 CallBuffers::CallBuffers(int64_t rows_, int64_t h_, int hc_, int top_k_)
     : rows(rows_), h(h_), hc(hc_), top_k(top_k_) {
@@ -37,7 +70,7 @@ CallBuffers::CallBuffers(int64_t rows_, int64_t h_, int hc_, int top_k_)
   take(&res_out, mh * hc * 2);
   take(&layer, mh * 2);
   take(&values, mh);
-  take(&scales, static_cast<size_t>(mxfp8_scale_bytes(rows, h % 32 == 0 ? h : 32)));
+  take(&scales, scale_buffer_bytes(rows, h));
   std::vector<size_t> offsets;
   for (auto& [p, bytes] : parts) {
     offsets.push_back(off);
@@ -90,6 +123,11 @@ void launch(AllReduceMHC& op, const Problem& p, Variant v, Protocol protocol,
   Desc layer(b.layer, kBF16, {m, h}, device);
   Desc values(b.values, kU8, {m, h}, device);
   Desc scales(b.scales, kU8, {v == Variant::kMxfp8 ? mxfp8_scale_bytes(m, h) : 0}, device);
+  // FP8 scales: the contiguous [G, Mp] buffer (kFp8), or the MN-major view [M, G] with strides
+  // [1, Mp] that DeepGEMM and vLLM take (kFp8Ue8m0): the checks accept both.
+  const int64_t mp = fp8_group_scale_rows(m), groups = h / kFp8GroupElems;
+  Desc fp8_scales = v == Variant::kFp8Ue8m0 ? Desc(b.scales, kF32, {m, groups}, device).with_strides({1, mp})
+                                            : Desc(b.scales, kF32, {groups, mp}, device);
   MHCEpilogueArgs e;
   e.residual = residual.get();
   e.post = post.get();
@@ -104,6 +142,10 @@ void launch(AllReduceMHC& op, const Problem& p, Variant v, Protocol protocol,
   if (v == Variant::kMxfp8) {
     e.mxfp8_values = values.get();
     e.mxfp8_scales = scales.get();
+  }
+  if (is_fp8(v)) {
+    e.fp8_values = values.get();
+    e.fp8_scales = fp8_scales.get();
   }
   if (!p.finalize) {
     Desc x(b.x, kBF16, {m, h}, device);
@@ -137,9 +179,9 @@ Outputs download(const Problem& p, Variant v, const CallBuffers& b) {
   };
   get(o.residual_out, mh * p.hc, b.res_out);
   if (v != Variant::kResidualOnly) get(o.layer_input, mh, b.layer);
-  if (v == Variant::kMxfp8) {
+  if (v == Variant::kMxfp8 || is_fp8(v)) {
     get(o.values, mh, b.values);
-    get(o.scales, static_cast<size_t>(mxfp8_scale_bytes(p.m, p.h)), b.scales);
+    get(o.scales, static_cast<size_t>(scale_bytes(v, p.m, p.h)), b.scales);
   }
   return o;
 }
@@ -198,6 +240,31 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
     for (size_t i = 0; i < scales.size(); ++i) {
       if (got.scales[i] != scales[i]) {
         o << "mxfp8 scale byte " << i << " = " << int(got.scales[i]) << ", reference " << int(scales[i]);
+        return o.str();
+      }
+    }
+  }
+  if (is_fp8(v)) {
+    const int64_t mp = fp8_group_scale_rows(p.m);
+    std::vector<uint8_t> values(mh);
+    std::vector<float> scales(static_cast<size_t>(fp8_group_scale_bytes(p.m, p.h) / 4));
+    reference::fp8_group_quantize(got.layer_input.data(), p.m, p.h, v == Variant::kFp8Ue8m0, values.data(),
+                                  scales.data());
+    for (size_t i = 0; i < mh; ++i) {
+      if (got.values[i] != values[i]) {
+        o << variant_name(v) << " value [" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex
+          << int(got.values[i]) << ", reference 0x" << int(values[i]);
+        return o.str();
+      }
+    }
+    for (size_t i = 0; i < scales.size(); ++i) {
+      uint32_t g;
+      std::memcpy(&g, got.scales.data() + 4 * i, 4);
+      if (g != float_bits(scales[i])) {
+        const int64_t row = static_cast<int64_t>(i) % mp, group = static_cast<int64_t>(i) / mp;
+        o << variant_name(v) << " scale (row " << row << ", group " << group << ")"
+          << (row >= p.m ? " (padding)" : "") << " = 0x" << std::hex << g << ", reference 0x"
+          << float_bits(scales[i]);
         return o.str();
       }
     }

@@ -1,5 +1,5 @@
 // Runs AllReduceMHC calls on the GPU from Problem inputs and checks them against the
-// CPU reference: residual_out and MXFP8 bit-exact, layer_input within 1 BF16 ulp of FP64.
+// CPU reference: residual_out, MXFP8 and FP8 bit-exact, layer_input within 1 BF16 ulp of FP64.
 #pragma once
 
 #include <string>
@@ -11,8 +11,21 @@
 
 namespace mhccl::testing {
 
-enum class Variant { kPlain, kMxfp8, kResidualOnly };
+// kFp8 / kFp8Ue8m0: the per-token-group FP8 outputs, of an op built with quantize_layer_input_fp8
+// (and fp8_ue8m0_scales for kFp8Ue8m0). The first three need an op built with neither FP8 option
+// for kMxfp8 (quantize_layer_input) and residual_only for kResidualOnly.
+enum class Variant { kPlain, kMxfp8, kResidualOnly, kFp8, kFp8Ue8m0 };
 const char* variant_name(Variant v);
+bool is_fp8(Variant v);
+
+// Which quantized variant an op is built for (at most one per op): the config's options, and the
+// variant whose outputs its calls take.
+enum class Quant { kMxfp8, kFp8, kFp8Ue8m0 };
+const char* quant_name(Quant q);
+Variant quant_variant(Quant q);
+// Sets quantize_layer_input, quantize_layer_input_fp8 and fp8_ue8m0_scales for q (MXFP8 only
+// where H is a multiple of 32, FP8 of 128).
+void build_quant(AllReduceMHCConfig& c, Quant q);
 
 // All device tensors of one call, carved from one allocation (sized for up to `rows` rows).
 struct CallBuffers {
