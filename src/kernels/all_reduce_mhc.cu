@@ -1040,7 +1040,8 @@ cudaError_t preload_all_reduce_mhc_kernels(int hc) {
                                   reinterpret_cast<const void*>(publish_kernel<true>),
                                   reinterpret_cast<const void*>(owner_reduce_kernel)};
   for (const ConsumerInput in : {ConsumerInput::kPoll, ConsumerInput::kDirect, ConsumerInput::kFinalize}) {
-    for (const ConsumerVariant v : {ConsumerVariant::kPlain, ConsumerVariant::kMxfp8, ConsumerVariant::kResidualOnly}) {
+    for (const ConsumerVariant v : {ConsumerVariant::kPlain, ConsumerVariant::kMxfp8, ConsumerVariant::kResidualOnly,
+                                    ConsumerVariant::kFp8}) {
       fns.push_back(reinterpret_cast<const void*>(consumer_for(hc, in, v)));
       for (const bool fin : {false, true}) {
         if (fin && in != ConsumerInput::kPoll) continue;

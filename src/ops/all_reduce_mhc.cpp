@@ -400,6 +400,8 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
            {"max_num_tokens", cfg.max_num_tokens},
            {"top_k", cfg.top_k},
            {"quantize_layer_input", cfg.quantize_layer_input},
+           {"quantize_layer_input_fp8", cfg.quantize_layer_input_fp8},
+           {"fp8_ue8m0_scales", cfg.fp8_ue8m0_scales},
            {"residual_only", cfg.residual_only},
            {"two_shot_min_rows", cfg.two_shot_min_rows},
            {"two_shot_min_finalize_rows", cfg.two_shot_min_finalize_rows},
