@@ -250,8 +250,8 @@ def _meta_instance(cls, **attrs):
 
 
 @pytest.mark.parametrize("finalize,variant", VARIANTS)
-@pytest.mark.parametrize("given_outputs", [False, True])
-def test_class_calls_trace_with_fullgraph(finalize, variant, given_outputs):
+@pytest.mark.parametrize("form", ["new", "given", "inplace"])
+def test_class_calls_trace_with_fullgraph(finalize, variant, form):
     """Dynamo traces AllReduceMHC.__call__ / finalize into the torch ops with no graph break
     (fullgraph=True), and AOT autograd functionalizes the out-variants (backend aot_eager, run on
     meta tensors: the fake implementations stand in for the kernels)."""
@@ -262,7 +262,10 @@ def test_class_calls_trace_with_fullgraph(finalize, variant, given_outputs):
     lead, t = _call_inputs(m, "meta", finalize, variant)
     _, outs = _out_args(op._handle, lead, t, finalize, variant, m, "meta")
     mx = (outs["mxfp8_values"], outs["mxfp8_scales"]) if variant == "mxfp8" else None
-    kw = dict(residual_out=outs["residual_out"], layer_input=outs["layer_input"]) if given_outputs else {}
+    kw = {}
+    if form != "new":  # caller-owned outputs; "inplace": residual_out is residual
+        kw = dict(residual_out=t["residual"] if form == "inplace" else outs["residual_out"],
+                  layer_input=outs["layer_input"])
 
     def step(lead, t):
         fn = op.finalize if finalize else op
@@ -274,6 +277,8 @@ def test_class_calls_trace_with_fullgraph(finalize, variant, given_outputs):
     res, li = compiled(lead, t)
     assert (tuple(res.shape), res.dtype) == ((m, HC, H), torch.bfloat16)
     assert (li is None) == (variant == "residual")
+    if form == "inplace":
+        assert res is t["residual"]
     if li is not None:
         assert (tuple(li.shape), li.dtype) == ((m, H), torch.bfloat16)
 
