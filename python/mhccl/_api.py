@@ -220,13 +220,12 @@ def _stream(tensor) -> int:
 
 
 def _bytes_view(t):
-    """8-bit tensors (float8_e4m3fn, float8_e8m0fnu, uint8) as uint8, which every DLPack
-    version carries."""
+    """float8_e4m3fn and float8_e8m0fnu tensors as uint8, which every DLPack version carries;
+    other dtypes go to the C++ checks as they are (which take uint8/int8 and refuse the rest)."""
     import torch
 
-    if t is None or t.dtype == torch.uint8 or t.element_size() != 1:
-        return t  # other dtypes go to the C++ check as they are, and are refused there
-    return t.view(torch.uint8)
+    fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e8m0fnu") if hasattr(torch, n))
+    return t.view(torch.uint8) if t is not None and t.dtype in fp8 else t
 
 
 def _packed(t):
