@@ -213,10 +213,12 @@ def _torch_ops():
     return torch.ops.mhccl
 
 
-def _stream(tensor) -> int:
+def _stream(device: int) -> int:
+    """PyTorch's current stream of the op's device (not of a tensor's: a tensor on the wrong
+    device then reaches the C++ checks, which name it)."""
     import torch
 
-    return torch.cuda.current_stream(tensor.device).cuda_stream
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _bytes_view(t):
@@ -383,7 +385,7 @@ class AllReduceMHC:
         m = x.shape[0]
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.call(_packed(x), *ins, eps, residual_out, layer_input, _bytes_view(values),
-                      _bytes_view(scales), _stream(residual_out), protocol)
+                      _bytes_view(scales), _stream(self._device), protocol)
 
     def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                          shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
@@ -394,7 +396,7 @@ class AllReduceMHC:
                           _packed(_by_count(expert_weights, (m, k))),
                           _packed(_by_count(expanded_idx_to_permuted_idx, (m, k))),
                           _packed(shared_output), *ins, eps, residual_out, layer_input,
-                          _bytes_view(values), _bytes_view(scales), _stream(residual_out),
+                          _bytes_view(values), _bytes_view(scales), _stream(self._device),
                           protocol)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
@@ -543,7 +545,7 @@ class LamportAllGather:
         return 0 < nbytes <= self.rank_capacity_bytes and nbytes % 16 == 0
 
     def _launch(self, inp, out):
-        self._op.call(_packed(inp), out, _stream(out))
+        self._op.call(_packed(inp), out, _stream(self._device))
 
     def __call__(self, inp):
         """Every rank's ``inp`` concatenated along dim 0 in rank order, on the current stream

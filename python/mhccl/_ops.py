@@ -20,13 +20,16 @@ outputs the caller owns, which may include ``residual_out`` being ``residual``):
     mhccl::all_gather_out(handle, inp, out!) -> ()
 
 A functional form returns [residual_out, layer_input (unless pre is None), mxfp8 values and
-scales (with_mxfp8)], in that order (None: an output not wanted). Room for more outputs: a new
+scales (with_mxfp8)], in that order; an out-variant takes None for an output not wanted (the
+C++ checks say which the call needs). Room for more outputs: a new
 pair (e.g. ``fp8_out``, per-token-group FP8) goes at the end of both forms: two optional mutable
 arguments ``Tensor(e!)? fp8_values, Tensor(f!)? fp8_scales`` in the out-variant (no default, as
 for the MXFP8 pair: see ``outs_mut``) and a trailing ``bool with_fp8=False`` flag in the
 functional form, whose two outputs follow the MXFP8 pair's.
 
-Registration is lazy (``ensure_registered``, run when the first instance is built), so that
+The implementations are registered for every device type, not only CUDA, so that a CPU tensor
+reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
+rather than the dispatcher's "no kernel for CPU". Registration is lazy (``ensure_registered``, run when the first instance is built), so that
 ``import mhccl`` imports no torch.
 """
 
@@ -119,7 +122,7 @@ def _define() -> None:
 
     # --- AllReduceMHC.__call__ ---------------------------------------------------------------
     @torch.library.custom_op("mhccl::all_reduce_mhc_out", mutates_args=epilogue_outputs,
-                             device_types="cuda", schema=f"({call_in}, str protocol, {outs_mut}) -> ()")
+                             schema=f"({call_in}, str protocol, {outs_mut}) -> ()")
     def all_reduce_mhc_out(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
                            pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
                            protocol: str, residual_out: Tensor, layer_input: Optional[Tensor],
@@ -133,7 +136,7 @@ def _define() -> None:
           layer_input, mxfp8_values, mxfp8_scales):
         return None
 
-    @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(), device_types="cuda",
+    @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
                              schema=f"({call_in}, {functional}")
     def all_reduce_mhc(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
                        pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
@@ -152,7 +155,6 @@ def _define() -> None:
 
     # --- AllReduceMHC.finalize ---------------------------------------------------------------
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize_out", mutates_args=epilogue_outputs,
-                             device_types="cuda",
                              schema=f"({finalize_in}, str protocol, {outs_mut}) -> ()")
     def all_reduce_mhc_finalize_out(handle: int, gemm2_permuted: Tensor, expert_weights: Tensor,
                                     expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
@@ -174,7 +176,7 @@ def _define() -> None:
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
-                             device_types="cuda", schema=f"({finalize_in}, {functional}")
+                             schema=f"({finalize_in}, {functional}")
     def all_reduce_mhc_finalize(handle: int, gemm2_permuted: Tensor, expert_weights: Tensor,
                                 expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
                                 residual: Tensor, post: Tensor, comb: Tensor,
@@ -199,7 +201,7 @@ def _define() -> None:
         return empty((inp.shape[0] * op.world_size, *inp.shape[1:]), dtype=inp.dtype,
                      device=inp.device)
 
-    @torch.library.custom_op("mhccl::all_gather_out", mutates_args=("out",), device_types="cuda",
+    @torch.library.custom_op("mhccl::all_gather_out", mutates_args=("out",),
                              schema="(int handle, Tensor inp, Tensor(a!) out) -> ()")
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
         instance(handle)._launch(inp, out)
@@ -208,7 +210,7 @@ def _define() -> None:
     def _(handle, inp, out):
         return None
 
-    @torch.library.custom_op("mhccl::all_gather", mutates_args=(), device_types="cuda",
+    @torch.library.custom_op("mhccl::all_gather", mutates_args=(),
                              schema="(int handle, Tensor inp) -> Tensor")
     def all_gather(handle: int, inp: Tensor) -> Tensor:
         op = instance(handle)

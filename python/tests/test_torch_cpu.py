@@ -291,6 +291,32 @@ def test_all_gather_call_traces_with_fullgraph():
     assert tuple(out.shape) == (20, 8)
 
 
+def test_cpu_tensors_reach_the_cpp_checks():
+    """The ops have an implementation for every device type, so a CPU tensor gets the C++ check's
+    ValueError (here from the real check_call of the extension), not the dispatcher's
+    "no kernel for CPU"."""
+    _ops.ensure_registered()
+    lib = _api._lib()
+    m, bf = 2, torch.bfloat16
+
+    class CheckOnly:  # the C++ op's call, as far as its argument checks go (no GPU here)
+        def call(self, x, residual, post, comb, pre, norm_weight, eps, residual_out, layer_input,
+                 values, scales, stream, protocol):
+            lib.check_call(H, HC, 64, TOP_K, False, False, 0, x, residual, post, comb, pre,
+                           norm_weight, eps, residual_out, layer_input, values, scales)
+
+    op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
+                        _op=CheckOnly(), _device=0)
+    # _stream asks torch.cuda for the current stream of cuda:0, which needs CUDA: stubbed here.
+    orig, _api._stream = _api._stream, lambda t: 0
+    try:
+        with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor on device cuda:0, got device type 1"):
+            op(torch.zeros(m, H, dtype=bf), torch.zeros(m, HC, H, dtype=bf), torch.zeros(m, HC),
+               torch.zeros(m, HC, HC), torch.zeros(m, HC), torch.zeros(H, dtype=bf), 1e-6)
+    finally:
+        _api._stream = orig
+
+
 def test_wrong_types_in_calls_are_type_errors():
     _ops.ensure_registered()
     op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64)
