@@ -37,4 +37,19 @@ for m in ("scikit_build_core", "nanobind", "pytest", "numpy"):
     importlib.import_module(m)
 PY
 fi
+
+# --python: PyTorch too, for the Python package's torch tests (op registration, fake
+# implementations, Dynamo traces; they run without a GPU). PyPI's Linux wheel depends on the CUDA
+# 13 libraries and `import torch` loads them (PyPI has no CPU-only wheel; torch installed
+# --no-deps does not import): 4.6 GB installed, 2-3 minutes on the development machine (the
+# torch wheel alone is 540 MB). 2.11.0 bundles NCCL 2.28.9, the NCCL mhccl builds against.
+# MHCCL_TORCH overrides the requirement, MHCCL_TORCH=none skips it; a failed install leaves the
+# torch tests skipped with the reason, not this script failed.
+if ((want_python)) && [ "${MHCCL_TORCH:-torch==2.11.0}" != none ]; then
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    echo "install-deps: pip install ${MHCCL_TORCH:-torch==2.11.0} (with its CUDA libraries: minutes)"
+    "$py" -m pip install -q --retries 5 --timeout 120 "${MHCCL_TORCH:-torch==2.11.0}" ||
+      echo "install-deps: PyTorch could not be installed; the torch tests will be skipped" >&2
+  fi
+fi
 echo "install-deps: ok"

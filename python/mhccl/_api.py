@@ -1,16 +1,21 @@
 """The PyTorch-facing classes over the C++ library (``mhccl._mhccl``).
 
-Tensors cross into C++ through DLPack without copies; work goes on PyTorch's current CUDA stream
-of the tensors' device, so CUDA-graph capture by PyTorch records it. Argument errors raise
-``ValueError`` and system errors (CUDA, NCCL, a peer that never published) ``RuntimeError``, with
-the C++ message; both before anything is launched for argument errors.
+Tensors cross into C++ through DLPack without copies (an input that is not contiguous or not
+16-byte aligned is copied first); work goes on PyTorch's current CUDA stream of the tensors'
+device, so CUDA-graph capture by PyTorch records it. Wrong Python types raise ``TypeError`` naming
+the argument; argument errors ``ValueError`` and system errors (CUDA, NCCL, a peer that never
+published) ``RuntimeError``, with the C++ message; argument errors before anything is launched.
 """
 
 from __future__ import annotations
 
 import importlib
+import operator
+import sys
 import weakref
 from typing import Any, Optional, Tuple
+
+from . import _ops
 
 _EXT: Any = None
 
@@ -28,36 +33,104 @@ def _lib():
     return _EXT
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) -> int:
+    """``value`` as an int for argument ``name``: TypeError for anything but an integer (bool and
+    float included), ValueError outside [lo, hi] (the C++ type's range unless narrower)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _bool_arg(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _float_arg(name: str, value: Any) -> float:
+    """An int or float (not bool, not str) as a float."""
+    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _str_arg(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _tensor_arg(name: str, value: Any, optional: bool = False):
+    import torch
+
+    if value is None and optional:
+        return None
+    if not isinstance(value, torch.Tensor):
+        want = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"{name}: expected {want}, got {type(value).__name__}")
+    return value
+
+
+def _pair_arg(name: str, value: Any):
+    """An optional (values, scales) output pair."""
+    if value is None:
+        return None, None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}: expected a (values, scales) pair of tensors or None, "
+                        f"got {type(value).__name__}")
+    return _tensor_arg(f"{name}[0] (values)", value[0]), _tensor_arg(f"{name}[1] (scales)", value[1])
+
+
 def mxfp8_scale_bytes(m: int, hidden: int) -> int:
     """Bytes of the swizzled 128x4 UE8M0 scales of an [m, hidden] MXFP8 tensor:
-    512 * ceil(m / 128) * ceil(hidden / 32 / 4). ``hidden`` a multiple of 32."""
-    if m < 0 or hidden <= 0 or hidden % 32:
-        raise ValueError(f"mxfp8_scale_bytes: expected m >= 0 and hidden a positive multiple of 32, "
-                         f"got m={m}, hidden={hidden}")
+    512 * ceil(m / 128) * ceil(hidden / 32 / 4).
+
+    Args:
+        m: rows, an int >= 0.
+        hidden: elements a row, a positive multiple of 32.
+
+    Raises:
+        TypeError: ``m`` or ``hidden`` is not an int (bool and float are refused).
+        ValueError: out of range, or a result beyond int64 (where the C++ ``mxfp8_scale_bytes``
+            of ``mhccl/mxfp8.h`` would overflow).
+    """
+    m = _int_arg("m", m, 0)
+    hidden = _int_arg("hidden", hidden, 1)
+    if hidden % 32:
+        raise ValueError(f"hidden: expected a positive multiple of 32, got {hidden}")
     blocks = hidden // 32
-    return 512 * ((m + 127) // 128) * ((blocks + 3) // 4)
+    n = 512 * ((m + 127) // 128) * ((blocks + 3) // 4)
+    if n > _INT64_MAX:
+        raise ValueError(f"mxfp8_scale_bytes({m}, {hidden}): {n} bytes exceed int64")
+    return n
 
 
 def _device_index(device: Any) -> int:
     """The CUDA device number of an int, a torch.device('cuda[:N]') or a 'cuda[:N]' string."""
     bad = ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
                      f"got {device!r}")
-    if isinstance(device, bool):
-        raise bad
+    if isinstance(device, bool) or not (isinstance(device, (int, str))
+                                        or getattr(device, "type", None) is not None):
+        raise TypeError(f"device: expected an int, a 'cuda:N' str or a torch.device, "
+                        f"got {type(device).__name__} {device!r}")
     if isinstance(device, int):
         if device < 0:
             raise bad
         return device
     if isinstance(device, str):
         text = device.strip()
-    elif getattr(device, "type", None) is not None:  # torch.device
+    else:  # torch.device
         if device.type != "cuda":
             raise bad
         if device.index is not None:
             return int(device.index)
         text = "cuda"
-    else:
-        raise bad
     if text.startswith("cuda:"):
         number = text.split(":", 1)[1]
         if not number.isdigit():
@@ -70,16 +143,38 @@ def _device_index(device: Any) -> int:
     raise bad
 
 
+def _engine_tp_group() -> Any:
+    """vLLM's TP device group when vLLM's parallel state is initialized in this process, else None.
+
+    Only a vLLM already imported is asked (its parallel state cannot be initialized otherwise), so
+    mhccl never imports vLLM itself. An uninitialized state raises AssertionError in vLLM's
+    ``get_tp_group``; its group is ``None`` while the state is torn down."""
+    vllm_distributed = sys.modules.get("vllm.distributed")
+    if vllm_distributed is None:
+        return None
+    try:
+        return vllm_distributed.get_tp_group().device_group
+    except (AssertionError, AttributeError):
+        return None
+
+
 def _group_layout(group: Any) -> Tuple[Any, int, int]:
-    """(group, tp, rank) of a torch.distributed group; None without torch.distributed: TP=1."""
+    """(group, tp, rank) of the TP group. ``group=None``: the engine's TP group when vLLM's parallel
+    state is initialized (``vllm.distributed.get_tp_group().device_group``, as the reference
+    module does), else torch.distributed's world group when it is initialized, else TP=1
+    (group None)."""
     try:
         import torch.distributed as dist
     except ImportError:
+        if group is not None:
+            raise
         return None, 1, 0
     if group is None:
         if not (dist.is_available() and dist.is_initialized()):
             return None, 1, 0
-        group = dist.group.WORLD
+        group = _engine_tp_group()
+        if group is None:
+            group = dist.group.WORLD
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -111,38 +206,84 @@ def _communicator(group: Any, device: int, wait_timeout_ms: int = 0):
     return comm
 
 
-def _stream(tensor) -> int:
+def _torch_ops():
+    """torch.ops.mhccl (registered when the first instance was built)."""
     import torch
 
-    return torch.cuda.current_stream(tensor.device).cuda_stream
+    return torch.ops.mhccl
+
+
+def _stream(device: int) -> int:
+    """PyTorch's current stream of the op's device (not of a tensor's: a tensor on the wrong
+    device then reaches the C++ checks, which name it)."""
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _bytes_view(t):
-    """8-bit tensors (float8_e4m3fn, float8_e8m0fnu, uint8) as uint8, which every DLPack
-    version carries."""
+    """float8_e4m3fn and float8_e8m0fnu tensors as uint8, which every DLPack version carries;
+    other dtypes go to the C++ checks as they are (which take uint8/int8 and refuse the rest)."""
     import torch
 
-    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+    fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e8m0fnu") if hasattr(torch, n))
+    return t.view(torch.uint8) if t is not None and t.dtype in fp8 else t
+
+
+def _packed(t):
+    """An input as the kernels read it: contiguous and 16-byte aligned, else a copy (the
+    reference module's ``.flatten()`` copies a non-contiguous tensor the same way)."""
+    import torch
+
+    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _by_count(t, shape):
+    """A mix tensor of ``prod(shape)`` elements in any shape (the reference module checks mixes by
+    element count and reads them flat), as ``shape``. Other counts go to the C++ checks as given,
+    whose message names the expected shape."""
+    n = 1
+    for d in shape:
+        n *= d
+    if t is None or t.numel() != n or tuple(t.shape) == tuple(shape):
+        return t
+    return t.reshape(shape)
+
+
+def _mix_count_error(name, t, shape):
+    n = 1
+    for d in shape:
+        n *= d
+    if t is not None and t.numel() != n:
+        dims = ", ".join(str(d) for d in shape)
+        raise ValueError(f"{name}: expected {n} elements ([{dims}] in any shape), got shape "
+                         f"{list(t.shape)} ({t.numel()} elements)")
 
 
 class AllReduceMHC:
     """Lamport TP all-reduce fused with mHC post-mix, collapse, RMSNorm (and MXFP8).
 
     ``__call__`` reduces ``x`` across the TP group (FP32, rank order, one BF16 rounding), writes
-    the post-mixed hc streams and the normalized collapse of them with the carried pre-mix.
+    the post-mixed hc streams and the normalized collapse of them with the carried pre-mix
+    (rounded to BF16 before the norm, as the reference module and unfused engines do).
     ``finalize`` does the same for an unfinalized MoE output, folding the top-k reduction and the
-    shared expert into the publish. Construction is collective over ``group`` (default: the world
-    group of torch.distributed, or TP=1 without it): every rank, the same arguments.
+    shared expert (added last) into the publish. Construction is collective over the TP group:
+    every rank, the same arguments.
 
     Args:
         hidden_size: H, a multiple of 8 (of 32 with ``quantize_layer_input``), at most 32768.
         hc_mult: hc, the number of mHC residual streams: 1, 2, 4 or 8.
         max_num_tokens: the most rows (tokens) of a call.
         top_k: routes per token of ``finalize``, 1..16.
-        device: the CUDA device of this rank.
+        device: the CUDA device of this rank (an int, ``torch.device("cuda", N)`` or "cuda:N").
         quantize_layer_input: accept ``mxfp8_out`` buffers (MXFP8 copy of the layer input).
         residual_only: accept ``pre`` and ``norm_weight`` of None (write the streams only).
-        group: the torch.distributed process group of the TP ranks.
+        group: the torch.distributed process group of the TP ranks. None (the default): the
+            engine's TP group when vLLM's parallel state is initialized in this process
+            (``vllm.distributed.get_tp_group().device_group``, as the reference module uses),
+            else torch.distributed's world group when it is initialized, else TP=1.
         two_shot_min_rows, two_shot_min_finalize_rows: rows from which two-shot is used (0: the
             measured default for the group's size).
         nccl_min_rows, nccl_min_finalize_rows: opt-in, rows from which the NCCL all-reduce +
@@ -150,7 +291,13 @@ class AllReduceMHC:
             faster that way, but NCCL waits for a dead peer without a time budget (the Lamport
             paths raise instead). ``protocol_for`` says which path a call takes.
 
+    Attributes:
+        bt_min_rows, bt_min_finalize_rows: as in the reference module, the least M from which a
+            call (finalize) uses the two-shot protocol; ``capacity + 1`` when two-shot is not
+            built (TP=1, a threshold above ``max_num_tokens``, peers reached through NCCL only).
+
     Raises:
+        TypeError: an argument of the wrong Python type (named in the message).
         ValueError: a limit above is broken (before any GPU work).
         RuntimeError: no CUDA device, NCCL or CUDA failures.
     """
@@ -160,11 +307,21 @@ class AllReduceMHC:
                  group: Any = None, two_shot_min_rows: int = 0,
                  two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
                  nccl_min_finalize_rows: int = 0) -> None:
+        int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
+        hidden_size = _int_arg("hidden_size", hidden_size)
+        hc_mult = _int_arg("hc_mult", hc_mult, **int32)
+        max_num_tokens = _int_arg("max_num_tokens", max_num_tokens)
+        top_k = _int_arg("top_k", top_k, **int32)
+        quantize_layer_input = _bool_arg("quantize_layer_input", quantize_layer_input)
+        residual_only = _bool_arg("residual_only", residual_only)
+        thresholds = [_int_arg(n, v) for n, v in (
+            ("two_shot_min_rows", two_shot_min_rows),
+            ("two_shot_min_finalize_rows", two_shot_min_finalize_rows),
+            ("nccl_min_rows", nccl_min_rows), ("nccl_min_finalize_rows", nccl_min_finalize_rows))]
         lib = _lib()
         _, tp, _ = _group_layout(group)
         lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                         residual_only, tp, two_shot_min_rows, two_shot_min_finalize_rows,
-                         nccl_min_rows, nccl_min_finalize_rows)
+                         residual_only, tp, *thresholds)
         self.hidden_size = hidden_size
         self.hc_mult = hc_mult
         self.capacity = max_num_tokens
@@ -174,73 +331,180 @@ class AllReduceMHC:
         self._device = _device_index(device)
         self._comm = _communicator(group, self._device)
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
-                                    quantize_layer_input, residual_only, two_shot_min_rows,
-                                    two_shot_min_finalize_rows, nccl_min_rows,
-                                    nccl_min_finalize_rows)
-        self.bt_min_rows = self._op.two_shot_min_rows
-        self.bt_min_finalize_rows = self._op.two_shot_min_finalize_rows
+                                    quantize_layer_input, residual_only, *thresholds)
+        # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
+        # NCCL fallback) and for a threshold a call can reach.
+        bt_built = self._comm.tp > 1 and self._comm.peers_reachable
+        never = max_num_tokens + 1
+        self.bt_min_rows = min(self._op.two_shot_min_rows, never) if bt_built else never
+        self.bt_min_finalize_rows = (min(self._op.two_shot_min_finalize_rows, never)
+                                     if bt_built else never)
+        # Calls dispatch through torch ops (mhccl/_ops.py), which reach this instance by handle.
+        _ops.ensure_registered()
+        self._handle = _ops.register_instance(self)
 
-    def _outputs(self, residual, pre, mxfp8_out):
+    # The checks and the outputs of a call, in Python where the reference module's interface is
+    # wider than the C++ API's (mixes by element count, inputs of any strides); every other check
+    # is the C++ one, run before the first launch.
+    def _outputs(self, m, residual, pre, residual_out, layer_input, mxfp8_out):
         import torch
 
-        residual_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
-        layer_input = None
-        if pre is not None:
-            layer_input = torch.empty((residual.shape[0], self.hidden_size), dtype=torch.bfloat16,
+        values, scales = _pair_arg("mxfp8_out", mxfp8_out)
+        residual_out = _tensor_arg("residual_out", residual_out, optional=True)
+        layer_input = _tensor_arg("layer_input", layer_input, optional=True)
+        if residual_out is None:
+            residual_out = torch.empty((m, self.hc_mult, self.hidden_size), dtype=torch.bfloat16,
+                                       device=residual.device)
+        if layer_input is None and pre is not None:
+            layer_input = torch.empty((m, self.hidden_size), dtype=torch.bfloat16,
                                       device=residual.device)
-        values = scales = None
-        if mxfp8_out is not None:
-            values, scales = (_bytes_view(t) for t in mxfp8_out)
         return residual_out, layer_input, values, scales
 
+    def _epilogue_inputs(self, m, residual, post, comb, pre, norm_weight, norm_eps):
+        residual = _tensor_arg("residual", residual)
+        post = _tensor_arg("post", post)
+        comb = _tensor_arg("comb", comb)
+        pre = _tensor_arg("pre", pre, optional=True)
+        norm_weight = _tensor_arg("norm_weight", norm_weight, optional=True)
+        eps = _float_arg("norm_eps", norm_eps)
+        hc = self.hc_mult
+        _mix_count_error("post", post, (m, hc))
+        _mix_count_error("comb", comb, (m, hc, hc))
+        _mix_count_error("pre", pre, (m, hc))
+        return residual, post, comb, pre, norm_weight, eps
+
+    def _packed_epilogue(self, m, residual, post, comb, pre, norm_weight):
+        """The epilogue's inputs as the C++ API takes them (run where the kernels are launched)."""
+        hc = self.hc_mult
+        return (_packed(residual), _packed(_by_count(post, (m, hc))),
+                _packed(_by_count(comb, (m, hc, hc))), _packed(_by_count(pre, (m, hc))),
+                _packed(norm_weight))
+
+    def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
+                     layer_input, values, scales):
+        m = x.shape[0]
+        ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
+        self._op.call(_packed(x), *ins, eps, residual_out, layer_input, _bytes_view(values),
+                      _bytes_view(scales), _stream(self._device), protocol)
+
+    def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
+                         shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
+                         residual_out, layer_input, values, scales):
+        m, k = shared_output.shape[0], self.top_k
+        ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
+        self._op.finalize(_packed(gemm2_permuted),
+                          _packed(_by_count(expert_weights, (m, k))),
+                          _packed(_by_count(expanded_idx_to_permuted_idx, (m, k))),
+                          _packed(shared_output), *ins, eps, residual_out, layer_input,
+                          _bytes_view(values), _bytes_view(scales), _stream(self._device),
+                          protocol)
+
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto"):
+                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
+                 residual_out=None, layer_input=None):
         """Return (post-mixed residual streams, normalized layer input).
 
         Args:
             x: [M, H] BF16, this rank's partial sublayer output.
             residual: [M, hc, H] BF16 residual streams.
-            post: [M, hc] (or [M, hc, 1]) FP32 post-mix.
-            comb: [M, hc, hc] FP32 residual mix, indexed [source, target].
-            pre: [M, hc] FP32 carried pre-mix; None together with ``norm_weight`` (built with
-                ``residual_only``): only the streams are written, the layer input is None.
+            post: FP32 post-mix, M * hc elements ([M, hc] or [M, hc, 1]).
+            comb: FP32 residual mix, M * hc * hc elements ([M, hc, hc]), indexed [source, target].
+            pre: FP32 carried pre-mix, M * hc elements ([M, hc]); None together with
+                ``norm_weight`` (built with ``residual_only``): only the streams are written, the
+                layer input is None.
             norm_weight: [H] BF16 RMSNorm weight.
-            norm_eps: RMSNorm epsilon.
+            norm_eps: RMSNorm epsilon (a float >= 0).
             mxfp8_out: optional ([M, H] float8_e4m3fn or uint8 values, scales of
-                ``mxfp8_scale_bytes(M, H)`` bytes) that also receive the layer input as MXFP8
-                (built with ``quantize_layer_input``).
+                ``mxfp8_scale_bytes(M, H)`` bytes, float8_e8m0fnu or uint8) that also receive
+                the layer input as MXFP8 (built with ``quantize_layer_input``).
             protocol: "auto", or force "one-shot", "two-shot" or "nccl".
+            residual_out: optional [M, hc, H] BF16 output of the streams (may be ``residual``
+                itself: an in-place update).
+            layer_input: optional [M, H] BF16 output of the layer input.
 
-        Returns: residual_out [M, hc, H] BF16 and layer_input [M, H] BF16 (or None), new tensors.
+        Inputs of any strides or alignment are accepted (copied first when not contiguous and
+        16-byte aligned), and mixes by element count, as the reference module does. Stricter than
+        it, where it would read or write out of bounds or lose a result: dtypes, devices and the
+        shapes of x, residual and norm_weight ([H] exactly) are checked; outputs must be
+        contiguous and 16-byte aligned (the module's ``.flatten()`` of a non-contiguous output
+        writes into a copy).
+
+        Returns: (residual_out [M, hc, H] BF16, layer_input [M, H] BF16 or None): the given
+        outputs, else new tensors.
+
+        Raises:
+            TypeError: an argument of the wrong Python type (named in the message).
+            ValueError: a shape, dtype, device or layout the op does not take, or a variant not
+                built (the op stays usable; nothing was launched).
+            RuntimeError: a CUDA or NCCL failure, or a peer timeout (the group is then unusable).
         """
-        residual_out, layer_input, values, scales = self._outputs(residual, pre, mxfp8_out)
-        self._op.call(x, residual, post, comb, pre, norm_weight, float(norm_eps), residual_out,
-                      layer_input, values, scales, _stream(residual), protocol)
-        return residual_out, layer_input
+        x = _tensor_arg("x", x)
+        if x.dim() < 1:
+            raise ValueError(f"x: expected shape [M, {self.hidden_size}], got a scalar")
+        m = x.shape[0]
+        residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
+            m, residual, post, comb, pre, norm_weight, norm_eps)
+        protocol = _str_arg("protocol", protocol)
+        ops = _torch_ops()
+        if residual_out is None and layer_input is None and mxfp8_out is None:
+            outs = ops.all_reduce_mhc(self._handle, x, residual, post, comb, pre, norm_weight, eps,
+                                      protocol, False)
+            return outs[0], (outs[1] if pre is not None else None)
+        res_out, li, values, scales = self._outputs(m, residual, pre, residual_out, layer_input,
+                                                    mxfp8_out)
+        ops.all_reduce_mhc_out(self._handle, x, residual, post, comb, pre, norm_weight, eps,
+                               protocol, res_out, li, values, scales)
+        return res_out, li
 
     def finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
                  residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto"):
-        """``__call__`` for a MoE output left unfinalized.
+                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
+                 residual_out=None, layer_input=None):
+        """``__call__`` for a MoE output left unfinalized: this rank's x is
+        ``bf16(sum over valid routes of weight * gemm2 row + shared_output)`` (the shared expert
+        added last, one rounding).
 
         Args:
             gemm2_permuted: [rows, H] BF16 unweighted GEMM2 output in the MoE's permuted order.
-            expert_weights: [M, top_k] FP32 routing weights, already scaled.
-            expanded_idx_to_permuted_idx: [M, top_k] int32 row of each route, -1 for an expert
-                this rank does not hold (any other index outside [0, rows) is skipped and
-                reported by ``check_errors()``).
-            shared_output: [M, H] BF16 TP-partial shared-expert output.
-            residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out, protocol: as ``__call__``.
+            expert_weights: FP32 routing weights, already scaled, M * top_k elements ([M, top_k]).
+            expanded_idx_to_permuted_idx: int32 row of each route, M * top_k elements
+                ([M, top_k]), -1 for an expert this rank does not hold (any other index outside
+                [0, rows) is skipped, never read, and reported by ``check_errors()``: the
+                reference module would read out of bounds).
+            shared_output: [M, H] BF16 TP-partial shared-expert output; M is its rows.
+            residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out, protocol, residual_out,
+            layer_input: as ``__call__``.
+
+        Returns and raises as ``__call__``.
         """
-        residual_out, layer_input, values, scales = self._outputs(residual, pre, mxfp8_out)
-        self._op.finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                          residual, post, comb, pre, norm_weight, float(norm_eps), residual_out,
-                          layer_input, values, scales, _stream(residual), protocol)
-        return residual_out, layer_input
+        gemm2_permuted = _tensor_arg("gemm2_permuted", gemm2_permuted)
+        expert_weights = _tensor_arg("expert_weights", expert_weights)
+        idx = _tensor_arg("expanded_idx_to_permuted_idx", expanded_idx_to_permuted_idx)
+        shared_output = _tensor_arg("shared_output", shared_output)
+        if shared_output.dim() < 1:
+            raise ValueError(f"shared_output: expected shape [M, {self.hidden_size}], got a scalar")
+        m = shared_output.shape[0]
+        _mix_count_error("expert_weights", expert_weights, (m, self.top_k))
+        _mix_count_error("expanded_idx_to_permuted_idx", idx, (m, self.top_k))
+        residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
+            m, residual, post, comb, pre, norm_weight, norm_eps)
+        protocol = _str_arg("protocol", protocol)
+        ops = _torch_ops()
+        if residual_out is None and layer_input is None and mxfp8_out is None:
+            outs = ops.all_reduce_mhc_finalize(self._handle, gemm2_permuted, expert_weights, idx,
+                                               shared_output, residual, post, comb, pre,
+                                               norm_weight, eps, protocol, False)
+            return outs[0], (outs[1] if pre is not None else None)
+        res_out, li, values, scales = self._outputs(m, residual, pre, residual_out, layer_input,
+                                                    mxfp8_out)
+        ops.all_reduce_mhc_finalize_out(self._handle, gemm2_permuted, expert_weights, idx,
+                                        shared_output, residual, post, comb, pre, norm_weight,
+                                        eps, protocol, res_out, li, values, scales)
+        return res_out, li
 
     def protocol_for(self, m: int, finalize: bool = False) -> str:
         """The protocol ("one-shot", "two-shot", "nccl") a call of ``m`` rows takes."""
-        return self._op.protocol_for(m, finalize)
+        return self._op.protocol_for(_int_arg("m", m), _bool_arg("finalize", finalize))
 
     def check_errors(self) -> None:
         """Raise what a kernel of this TP group recorded: a peer timeout (RuntimeError; the
@@ -257,11 +521,13 @@ class LamportAllGather:
     """TP all-gather along dim 0 through Lamport mailboxes over NVLink peer mappings, for inputs
     of up to ``rank_capacity_bytes`` per rank (a positive multiple of 16).
 
-    Construction is collective over ``group``. ``accepts`` decides from the byte size alone, so
-    every rank decides alike. 32-bit words equal to 0x80000000 (FP32 -0.0) arrive as 0.
+    Construction is collective over ``group`` (None: the TP group chosen as ``AllReduceMHC``
+    chooses it). ``accepts`` decides from the byte size alone, so every rank decides alike.
+    32-bit words equal to 0x80000000 (FP32 -0.0) arrive as 0.
     """
 
     def __init__(self, *, rank_capacity_bytes: int, device: Any, group: Any = None) -> None:
+        rank_capacity_bytes = _int_arg("rank_capacity_bytes", rank_capacity_bytes)
         lib = _lib()
         lib.check_all_gather_config(rank_capacity_bytes)  # before the collective construction
         self.rank_capacity_bytes = rank_capacity_bytes
@@ -269,23 +535,30 @@ class LamportAllGather:
         self._comm = _communicator(group, self._device)
         self.world_size = self._comm.tp
         self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
+        _ops.ensure_registered()
+        self._handle = _ops.register_instance(self)
 
     def accepts(self, inp) -> bool:
         """Whether ``inp`` fits: 16 to ``rank_capacity_bytes`` bytes, a multiple of 16."""
+        inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
         return 0 < nbytes <= self.rank_capacity_bytes and nbytes % 16 == 0
 
+    def _launch(self, inp, out):
+        self._op.call(_packed(inp), out, _stream(self._device))
+
     def __call__(self, inp):
         """Every rank's ``inp`` concatenated along dim 0 in rank order, on the current stream
-        (a non-contiguous or misaligned ``inp`` is copied first)."""
-        import torch
+        (a non-contiguous or misaligned ``inp`` is copied first).
 
+        Returns: a new tensor [world_size * inp.shape[0], *inp.shape[1:]] of inp's dtype.
+        Raises: TypeError (not a tensor), ValueError (a size ``accepts`` refuses, a scalar, a
+        CPU tensor or another device), RuntimeError (CUDA failure, peer timeout).
+        """
+        inp = _tensor_arg("inp", inp)
         if inp.dim() == 0:
             raise ValueError("inp: expected at least one dimension, got a scalar")
-        out = torch.empty((inp.shape[0] * self.world_size, *inp.shape[1:]), dtype=inp.dtype,
-                          device=inp.device)
-        self._op.call(inp, out, _stream(inp))
-        return out
+        return _torch_ops().all_gather(self._handle, inp)
 
     @property
     def mailbox_bytes(self) -> int:

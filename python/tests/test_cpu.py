@@ -13,7 +13,9 @@ from mhccl import _api
 def test_import_needs_no_gpu_and_no_torch():
     import subprocess
 
-    probe = "import sys, mhccl; print('torch' in sys.modules, 'mhccl._mhccl' in sys.modules)"
+    # mhccl._ops too: the torch ops are registered when the first instance is built, not at import.
+    probe = ("import sys, mhccl, mhccl._ops; "
+             "print('torch' in sys.modules, 'mhccl._mhccl' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]  # neither torch nor the extension is loaded
     assert mhccl.__version__
@@ -31,6 +33,57 @@ def test_mxfp8_scale_bytes(m, h, want):
 def test_mxfp8_scale_bytes_rejects_bad_hidden():
     with pytest.raises(ValueError, match="multiple of 32"):
         mhccl.mxfp8_scale_bytes(4, 5120 + 8)
+
+
+@pytest.mark.parametrize("m,h,name", [(1.5, 5120, "m"), (True, 5120, "m"), ("4", 5120, "m"),
+                                      (None, 5120, "m"), (4, 5120.0, "hidden"), (4, False, "hidden")])
+def test_mxfp8_scale_bytes_takes_ints_only(m, h, name):
+    with pytest.raises(TypeError, match=f"^{name}: expected an int"):
+        mhccl.mxfp8_scale_bytes(m, h)
+
+
+def test_mxfp8_scale_bytes_range():
+    assert mhccl.mxfp8_scale_bytes(np.int64(300), np.int32(5120)) == 512 * 3 * 40  # __index__ ints
+    assert mhccl.mxfp8_scale_bytes(0, 32) == 0
+    with pytest.raises(ValueError, match=r"^m: expected an int in \[0, "):
+        mhccl.mxfp8_scale_bytes(-1, 5120)
+    # 2**62 rows: 512 * 2**55 * 40 bytes, beyond int64 (where the C++ twin returns 0)
+    with pytest.raises(ValueError, match="exceed int64"):
+        mhccl.mxfp8_scale_bytes(2**62, 5120)
+    with pytest.raises(ValueError, match=r"^m: expected an int in"):
+        mhccl.mxfp8_scale_bytes(2**64, 5120)
+    # The largest M that fits: 512 * ceil(M/128) * 1 <= 2**63 - 1 at H = 32.
+    top = (2**63 - 1) // 512 * 128
+    assert mhccl.mxfp8_scale_bytes(top, 32) == 512 * (top // 128)
+    with pytest.raises(ValueError, match="exceed int64"):
+        mhccl.mxfp8_scale_bytes(top + 1, 32)
+
+
+@pytest.mark.parametrize("kwargs,name,want", [
+    (dict(hidden_size=5120.0), "hidden_size", "an int"),
+    (dict(hc_mult="4"), "hc_mult", "an int"),
+    (dict(max_num_tokens=None), "max_num_tokens", "an int"),
+    (dict(top_k=6.0), "top_k", "an int"),
+    (dict(quantize_layer_input=1), "quantize_layer_input", "a bool"),
+    (dict(residual_only="yes"), "residual_only", "a bool"),
+    (dict(two_shot_min_rows=1.5), "two_shot_min_rows", "an int"),
+    (dict(nccl_min_finalize_rows=True), "nccl_min_finalize_rows", "an int"),
+])
+def test_config_type_errors_name_the_argument(kwargs, name, want):
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(TypeError, match=f"^{name}: expected {want}, got "):
+        mhccl.AllReduceMHC(**args)
+
+
+def test_config_ints_beyond_the_cpp_types_are_value_errors():
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    with pytest.raises(ValueError, match=r"^hc_mult: expected an int in \[-2147483648, 2147483647\]"):
+        mhccl.AllReduceMHC(**{**args, "hc_mult": 2**40})
+    with pytest.raises(ValueError, match=r"^max_num_tokens: expected an int in"):
+        mhccl.AllReduceMHC(**{**args, "max_num_tokens": 2**63})
+    with pytest.raises(TypeError, match=r"^rank_capacity_bytes: expected an int, got float"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096.0, device=0)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -112,9 +165,17 @@ def test_device_forms(device, index):
     assert _api._device_index(device) == index
 
 
-@pytest.mark.parametrize("device", [-1, "cpu", "cuda:x", "cuda:-1", 1.5, None, True, "gpu"])
+@pytest.mark.parametrize("device", [-1, "cpu", "cuda:x", "cuda:-1", "gpu"])
 def test_bad_devices_are_value_errors(device):
     with pytest.raises(ValueError, match="device: expected a CUDA device"):
         _api._device_index(device)
     with pytest.raises(ValueError, match="device: expected a CUDA device"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096, device=device)
+
+
+@pytest.mark.parametrize("device", [1.5, None, True, [0]])
+def test_devices_of_a_wrong_type_are_type_errors(device):
+    with pytest.raises(TypeError, match="^device: expected an int, a 'cuda:N' str or a torch.device"):
+        _api._device_index(device)
+    with pytest.raises(TypeError, match="^device: expected"):
         mhccl.LamportAllGather(rank_capacity_bytes=4096, device=device)

@@ -1,0 +1,223 @@
+"""mhccl's ops as PyTorch ops (``torch.library``), so that torch.compile traces through them
+(no graph break) and CUDA graphs (cudagraph trees, ``torch.cuda.graph``) record them.
+
+An op instance (an ``AllReduceMHC`` or ``LamportAllGather``) reaches a torch op as an int
+*handle*: a key into a registry of the live instances of this process. Dynamo carries an int as
+a constant (guarded), where it could not carry the nanobind object. A handle dies with its
+instance; calling an op with a dead handle raises RuntimeError.
+
+The ops, each a functional form (new outputs) and a mutating out-variant (``mutates_args``;
+outputs the caller owns, which may include ``residual_out`` being ``residual``):
+
+    mhccl::all_reduce_mhc(handle, x, residual, post, comb, pre?, norm_weight?, eps,
+                          protocol="auto", with_mxfp8=False) -> Tensor[]
+    mhccl::all_reduce_mhc_out(handle, x, residual, post, comb, pre?, norm_weight?, eps, protocol,
+                              residual_out!, layer_input!?, mxfp8_values!?, mxfp8_scales!?) -> ()
+    mhccl::all_reduce_mhc_finalize(handle, gemm2_permuted, expert_weights,
+                                   expanded_idx_to_permuted_idx, shared_output, <as above>)
+    mhccl::all_reduce_mhc_finalize_out(handle, gemm2_permuted, ..., <as above>)
+    mhccl::all_gather(handle, inp) -> Tensor
+    mhccl::all_gather_out(handle, inp, out!) -> ()
+
+A functional form returns [residual_out, layer_input (unless pre is None), mxfp8 values and
+scales (with_mxfp8)], in that order; an out-variant takes None for an output not wanted (the
+C++ checks say which the call needs). Room for more outputs: a new
+pair (e.g. ``fp8_out``, per-token-group FP8) goes at the end of both forms: two optional mutable
+arguments ``Tensor(e!)? fp8_values, Tensor(f!)? fp8_scales`` in the out-variant (no default, as
+for the MXFP8 pair: see ``outs_mut``) and a trailing ``bool with_fp8=False`` flag in the
+functional form, whose two outputs follow the MXFP8 pair's.
+
+The implementations are registered for every device type, not only CUDA, so that a CPU tensor
+reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
+rather than the dispatcher's "no kernel for CPU". Registration is lazy (``ensure_registered``, run when the first instance is built), so that
+``import mhccl`` imports no torch.
+"""
+
+import itertools
+import threading
+import weakref
+
+_INSTANCES = {}  # handle -> weakref to a live AllReduceMHC / LamportAllGather
+_HANDLES = itertools.count(1)
+_LOCK = threading.Lock()
+_REGISTERED = False
+
+# MXFP8 outputs of the functional forms: E4M3 values, UE8M0 scale bytes as uint8 (every torch
+# version has it; float8_e8m0fnu only from 2.7).
+_MXFP8_BLOCK = 32
+
+
+def register_instance(obj) -> int:
+    """A new handle for ``obj``, valid while ``obj`` lives."""
+    with _LOCK:
+        handle = next(_HANDLES)
+        _INSTANCES[handle] = weakref.ref(obj)
+    weakref.finalize(obj, _INSTANCES.pop, handle, None)
+    return handle
+
+
+def instance(handle: int):
+    """The live instance of ``handle``; RuntimeError when it is gone."""
+    ref = _INSTANCES.get(handle)
+    obj = ref() if ref is not None else None
+    if obj is None:
+        raise RuntimeError(f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
+                           "LamportAllGather was destroyed, or the handle comes from another "
+                           "process)")
+    return obj
+
+
+def _scale_bytes(m, hidden):
+    # mxfp8_scale_bytes for fake tensors, where m may be symbolic.
+    return 512 * ((m + 127) // 128) * ((hidden // _MXFP8_BLOCK + 3) // 4)
+
+
+def ensure_registered() -> None:
+    """Define the mhccl torch ops once per process (imports torch)."""
+    global _REGISTERED
+    with _LOCK:
+        if _REGISTERED:
+            return
+        _define()
+        _REGISTERED = True
+
+
+def _define() -> None:
+    from typing import List, Optional
+
+    import torch
+    from torch import Tensor
+
+    bf16 = torch.bfloat16
+    epilogue_outputs = ("residual_out", "layer_input", "mxfp8_values", "mxfp8_scales")
+    # Schemas spelled out rather than inferred: the handle is an ``int`` (inference would make it
+    # a SymInt, which Dynamo could turn symbolic, and a symbolic handle names no instance).
+    epilogue = "Tensor residual, Tensor post, Tensor comb, Tensor? pre, Tensor? norm_weight, float eps"
+    # The optional outputs have no default: torch's custom_op drops trailing arguments equal to
+    # their default before it bumps the version counters of the mutated ones, and then indexes
+    # past the end (IndexError, torch 2.11). Callers pass None for an output they do not want.
+    outs_mut = ("Tensor(a!) residual_out, Tensor(b!)? layer_input, "
+                "Tensor(c!)? mxfp8_values, Tensor(d!)? mxfp8_scales")
+    call_in = f"int handle, Tensor x, {epilogue}"
+    finalize_in = ("int handle, Tensor gemm2_permuted, Tensor expert_weights, "
+                   f"Tensor expanded_idx_to_permuted_idx, Tensor shared_output, {epilogue}")
+    functional = 'str protocol="auto", bool with_mxfp8=False) -> Tensor[]'
+
+    def new_outputs(op, m, device, has_pre, with_mxfp8, empty):
+        """The functional forms' outputs, real (torch.empty) and fake alike."""
+        h, hc = op.hidden_size, op.hc_mult
+        outs = [empty((m, hc, h), dtype=bf16, device=device)]
+        if has_pre:
+            outs.append(empty((m, h), dtype=bf16, device=device))
+        if with_mxfp8:
+            outs.append(empty((m, h), dtype=torch.float8_e4m3fn, device=device))
+            outs.append(empty((_scale_bytes(m, h),), dtype=torch.uint8, device=device))
+        return outs
+
+    def split(outs, has_pre, with_mxfp8):
+        residual_out = outs[0]
+        layer_input = outs[1] if has_pre else None
+        values, scales = (outs[-2], outs[-1]) if with_mxfp8 else (None, None)
+        return residual_out, layer_input, values, scales
+
+    # --- AllReduceMHC.__call__ ---------------------------------------------------------------
+    @torch.library.custom_op("mhccl::all_reduce_mhc_out", mutates_args=epilogue_outputs,
+                             schema=f"({call_in}, str protocol, {outs_mut}) -> ()")
+    def all_reduce_mhc_out(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                           pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
+                           protocol: str, residual_out: Tensor, layer_input: Optional[Tensor],
+                           mxfp8_values: Optional[Tensor],
+                           mxfp8_scales: Optional[Tensor]) -> None:
+        instance(handle)._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
+                                      residual_out, layer_input, mxfp8_values, mxfp8_scales)
+
+    @all_reduce_mhc_out.register_fake
+    def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
+          layer_input, mxfp8_values, mxfp8_scales):
+        return None
+
+    @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
+                             schema=f"({call_in}, {functional}")
+    def all_reduce_mhc(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                       pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
+                       protocol: str = "auto", with_mxfp8: bool = False) -> List[Tensor]:
+        op = instance(handle)
+        outs = new_outputs(op, x.shape[0], x.device, pre is not None, with_mxfp8, torch.empty)
+        op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
+                        *split(outs, pre is not None, with_mxfp8))
+        return outs
+
+    @all_reduce_mhc.register_fake
+    def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
+          with_mxfp8=False):
+        return new_outputs(instance(handle), x.shape[0], x.device, pre is not None, with_mxfp8,
+                           torch.empty)
+
+    # --- AllReduceMHC.finalize ---------------------------------------------------------------
+    @torch.library.custom_op("mhccl::all_reduce_mhc_finalize_out", mutates_args=epilogue_outputs,
+                             schema=f"({finalize_in}, str protocol, {outs_mut}) -> ()")
+    def all_reduce_mhc_finalize_out(handle: int, gemm2_permuted: Tensor, expert_weights: Tensor,
+                                    expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
+                                    residual: Tensor, post: Tensor, comb: Tensor,
+                                    pre: Optional[Tensor], norm_weight: Optional[Tensor],
+                                    eps: float, protocol: str, residual_out: Tensor,
+                                    layer_input: Optional[Tensor],
+                                    mxfp8_values: Optional[Tensor],
+                                    mxfp8_scales: Optional[Tensor]) -> None:
+        instance(handle)._launch_finalize(gemm2_permuted, expert_weights,
+                                          expanded_idx_to_permuted_idx, shared_output, residual,
+                                          post, comb, pre, norm_weight, eps, protocol,
+                                          residual_out, layer_input, mxfp8_values, mxfp8_scales)
+
+    @all_reduce_mhc_finalize_out.register_fake
+    def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
+          residual, post, comb, pre, norm_weight, eps, protocol, residual_out, layer_input,
+          mxfp8_values, mxfp8_scales):
+        return None
+
+    @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
+                             schema=f"({finalize_in}, {functional}")
+    def all_reduce_mhc_finalize(handle: int, gemm2_permuted: Tensor, expert_weights: Tensor,
+                                expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
+                                residual: Tensor, post: Tensor, comb: Tensor,
+                                pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
+                                protocol: str = "auto", with_mxfp8: bool = False) -> List[Tensor]:
+        op = instance(handle)
+        m = shared_output.shape[0]
+        outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, torch.empty)
+        op._launch_finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
+                            shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
+                            *split(outs, pre is not None, with_mxfp8))
+        return outs
+
+    @all_reduce_mhc_finalize.register_fake
+    def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
+          residual, post, comb, pre, norm_weight, eps, protocol="auto", with_mxfp8=False):
+        return new_outputs(instance(handle), shared_output.shape[0], shared_output.device,
+                           pre is not None, with_mxfp8, torch.empty)
+
+    # --- LamportAllGather --------------------------------------------------------------------
+    def gathered(op, inp, empty):
+        return empty((inp.shape[0] * op.world_size, *inp.shape[1:]), dtype=inp.dtype,
+                     device=inp.device)
+
+    @torch.library.custom_op("mhccl::all_gather_out", mutates_args=("out",),
+                             schema="(int handle, Tensor inp, Tensor(a!) out) -> ()")
+    def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
+        instance(handle)._launch(inp, out)
+
+    @all_gather_out.register_fake
+    def _(handle, inp, out):
+        return None
+
+    @torch.library.custom_op("mhccl::all_gather", mutates_args=(),
+                             schema="(int handle, Tensor inp) -> Tensor")
+    def all_gather(handle: int, inp: Tensor) -> Tensor:
+        op = instance(handle)
+        out = gathered(op, inp, torch.empty)
+        op._launch(inp, out)
+        return out
+
+    @all_gather.register_fake
+    def _(handle, inp):
+        return gathered(instance(handle), inp, torch.empty)
