@@ -316,7 +316,8 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
-  const Generation g = read_generation(p.state);  // before the consumer may start (and end the call)
+  // Before the consumer may start (and end the call); without griddepcontrol.wait: relaxed loads.
+  const Generation g = read_generation(p.state, !p.wait_predecessor);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   if (!rp.active || row >= p.m) return;
@@ -507,7 +508,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   if constexpr (IN == ConsumerInput::kPoll) {
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
-    g = read_generation(p.state);
+    g = read_generation(p.state, !p.wait_predecessor);
     const uint32_t fault = publish ? load_fault(p.err) : 0u;  // in flight with the state's loads
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
     if (publish && may_publish(p.err, fault, WaitSite{p.protocol, -1, g.current, row, g.calls})) {
@@ -851,7 +852,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   if (p.wait_predecessor) pdl_wait();
   if constexpr (IN == ConsumerInput::kPoll) {
     __shared__ uint32_t role_ticket;
-    const Generation g = read_generation(p.state);
+    const Generation g = read_generation(p.state, !p.wait_predecessor);
     pdl_launch_dependents();  // after the state read: dependents start the next call
     const uint32_t t = arrive_early(p.state);
     if (threadIdx.x == 0) role_ticket = t;

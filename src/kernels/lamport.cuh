@@ -210,14 +210,25 @@ struct Generation {
   uint32_t prev_rows;
   uint32_t calls;     // calls of this protocol before this one (for error records)
 };
-// Relaxed GPU-scope loads: some kernels read the state without griddepcontrol.wait (after our
-// own publish), where a cacheable load could see a stale line.
-__device__ __forceinline__ Generation read_generation(const LamportState* s) {
+// The protocol state of this call. Plain loads in a kernel that passed griddepcontrol.wait (or
+// has no PDL predecessor): the previous call's last kernel, which wrote it, completed before,
+// and its writes are visible. Where a kernel skips the wait (after our own publish, which
+// passed it), PDL promises no such visibility: `relaxed` then reads it with GPU-scope relaxed
+// loads. Those are not for every kernel: measured on one H200 (session 6), strong loads of the
+// state by every thread of 4096 CTAs cost 54 us a call in the Lamport floor and 39 us in the
+// two-shot call at M = 4096 (TP=1 self-test), against cached loads.
+__device__ __forceinline__ Generation read_generation(const LamportState* s, bool relaxed = false) {
   Generation g;
-  g.current = ld_relaxed_gpu(&s->generation);
+  if (relaxed) {
+    g.current = ld_relaxed_gpu(&s->generation);
+    g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
+    g.calls = ld_relaxed_gpu(&s->calls);
+  } else {
+    g.current = s->generation;
+    g.prev_rows = s->prev_rows;
+    g.calls = s->calls;
+  }
   g.previous = (g.current + kGenerations - 1) % kGenerations;
-  g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
-  g.calls = ld_relaxed_gpu(&s->calls);
   return g;
 }
 
