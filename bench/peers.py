@@ -612,7 +612,7 @@ def main():
     if not torch.cuda.is_available():
         die("no CUDA device (torch.cuda.is_available() is False): this benchmark runs on GPUs")
     try:
-        import mhccl  # noqa: F401
+        import mhccl  # noqa: F401  (here: a clear error before any GPU work)
     except ImportError as e:
         die(f"cannot import mhccl ({e}): pip install . first, or put it on PYTHONPATH")
     t0 = time.time()

@@ -29,7 +29,10 @@ the two models after L layers: the fraction of bit-identical stream and layer-in
 and the largest ulp difference (mhccl sums in FP32 with fused multiply-adds in a fixed order;
 the compiled PyTorch epilogue adds in Inductor's order, and where that rounds a stream element
 the other way the difference flows through the following layers' mixes). Then it times the
-decode step of each (CUDA events around graph replays, the median of the repeats).
+decode step of each (CUDA events around graph replays, the median of the repeats). It exits 1
+when a model fails to compile, capture or replay, or a replay differs from the compiled step;
+the agreement of the two models is reported (AGREE, CLOSE, DIFFER), not enforced: SPEC.md's
+bit-level promises are checked by ``bench/peers.py --check``.
 """
 
 from __future__ import annotations
@@ -256,11 +259,14 @@ def ulp_diff(a, b):
 
 
 def compare(a, b):
-    """(fraction of bit-identical elements, max ulp difference, relative RMS difference)."""
+    """(fraction of bit-identical elements, max ulp difference, relative RMS difference, fraction
+    of tokens whose rows differ by less than 5% RMS)."""
     same = (a.view(torch.int16) == b.view(torch.int16)).float().mean().item()
     ulp = ulp_diff(a, b).max().item()
-    rel = ((a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt().clamp(min=1e-30)).item()
-    return same, ulp, rel
+    d, r = (a.float() - b.float()).flatten(1), b.float().flatten(1)
+    rel = (d.pow(2).mean().sqrt() / r.pow(2).mean().sqrt().clamp(min=1e-30)).item()
+    rows = d.pow(2).mean(1).sqrt() / r.pow(2).mean(1).sqrt().clamp(min=1e-30)
+    return same, ulp, rel, (rows < 0.05).float().mean().item()
 
 
 def dynamo_stats() -> str:
@@ -436,42 +442,47 @@ def main():
                     outs.pop(name, None)
             if "mhccl" in outs and "unfused" in outs:
                 (fs, fl), (us, ul) = outs["mhccl"], outs["unfused"]
-                ss, su, sr = compare(fs, us)
-                ls, lu, lr = compare(fl, ul)
-                # A wrong boundary would differ everywhere, by O(1); rounding-order differences
-                # carried through L layers stay near the BF16 resolution.
-                sane = all_ok(sr <= 1e-2 and lr <= 1e-2)
-                agree = sane and ss >= args.min_identical
-                status = status or (0 if sane else 1)
+                ss, su, sr, st = compare(fs, us)
+                ls, lu, lr, lt = compare(fl, ul)
+                # Where the two round an element differently, the difference flows through the
+                # later layers' mixes, and now and then flips a token's expert choice (an O(1)
+                # difference for that token). A wrong boundary would differ in every token.
+                verdict = ("AGREE" if ss >= args.min_identical else
+                           "CLOSE" if st >= 0.5 else "DIFFER")
                 row.update(streams_identical=ss, streams_max_ulp=su, streams_rel_rms=sr,
-                           layer_input_identical=ls, layer_input_max_ulp=lu, layer_input_rel_rms=lr,
-                           agree=agree)
-                say(f"  M={m} after {args.layers} layers, mhccl vs unfused: streams {ss:.6f} "
-                    f"bit-identical (max {su} ulp, relative RMS difference {sr:.2e}); layer input "
-                    f"{ls:.6f} (max {lu} ulp, {lr:.2e}): "
-                    f"{'AGREE' if agree else ('CLOSE' if sane else 'DISAGREE')}")
+                           streams_tokens_close=st, layer_input_identical=ls,
+                           layer_input_max_ulp=lu, layer_input_rel_rms=lr,
+                           layer_input_tokens_close=lt, verdict=verdict)
+                say(f"  M={m} after {args.layers} layers, mhccl vs unfused: {verdict}: streams "
+                    f"{ss:.6f} bit-identical (max {su} ulp; relative RMS difference {sr:.2e}; "
+                    f"{st:.3f} of the tokens within 5%), layer input {ls:.6f} bit-identical "
+                    f"(max {lu} ulp, {lr:.2e}, {lt:.3f})")
             if not args.check_only:
                 for name, graph in graphs.items():
-                    e0 = torch.cuda.Event(enable_timing=True)
-                    e1 = torch.cuda.Event(enable_timing=True)
-                    samples = []
-                    for _ in range(3):
-                        graph.replay()
-                    for _ in range(args.repeats):
-                        sync_ranks()
-                        e0.record()
-                        for _ in range(args.replays):
+                    try:
+                        e0 = torch.cuda.Event(enable_timing=True)
+                        e1 = torch.cuda.Event(enable_timing=True)
+                        samples = []
+                        for _ in range(3):
                             graph.replay()
-                        e1.record()
-                        e1.synchronize()
-                        samples.append(e0.elapsed_time(e1) * 1000.0 / args.replays)
-                    samples.sort()
-                    us = samples[len(samples) // 2]
-                    if tp > 1:
-                        t = torch.tensor([us], dtype=torch.float64, device=device)
-                        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                        us = t.item()
-                    row[f"{name}_us"] = us
+                        for _ in range(args.repeats):
+                            sync_ranks()
+                            e0.record()
+                            for _ in range(args.replays):
+                                graph.replay()
+                            e1.record()
+                            e1.synchronize()
+                            samples.append(e0.elapsed_time(e1) * 1000.0 / args.replays)
+                        samples.sort()
+                        step_us = samples[len(samples) // 2]
+                        if tp > 1:
+                            t = torch.tensor([step_us], dtype=torch.float64, device=device)
+                            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                            step_us = t.item()
+                        row[f"{name}_us"] = step_us
+                    except Exception as e:  # noqa: BLE001
+                        say(f"  M={m} {name}: timing failed: {type(e).__name__}: {e}")
+                        status = 1
                 if "mhccl_us" in row and "unfused_us" in row:
                     say(f"  M={m} decode step ({args.layers} layers): mhccl {row['mhccl_us']:.1f} us, "
                         f"unfused {row['unfused_us']:.1f} us ({row['unfused_us'] / row['mhccl_us']:.2f}x)")
@@ -484,9 +495,9 @@ def main():
         say(f"  {'M':>5} {'mhccl':>10} {'unfused':>10} {'speedup':>8}")
         for r in results:
             a, b = r.get("mhccl_us"), r.get("unfused_us")
-            say(f"  {r['m']:>5} {a if a is None else f'{a:10.1f}':>10} "
-                f"{b if b is None else f'{b:10.1f}':>10} "
-                f"{(f'{b / a:7.2f}x') if a and b else '-':>8}")
+            cells = [f"{v:.1f}" if v is not None else "-" for v in (a, b)]
+            cells.append(f"{b / a:.2f}x" if a and b else "-")
+            say(f"  {r['m']:>5} {cells[0]:>10} {cells[1]:>10} {cells[2]:>8}")
     if args.json and rank == 0:
         doc = {"op": "decode_step", "tp": tp, "layers": args.layers, "hidden": H, "hc": HC,
                "top_k": TOP_K, "experts": args.experts, "moe_inter": args.moe_inter,
