@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
-# python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep (default: build tests bench). Extra bench arguments via BENCH_ARGS.
+# python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep, peers, example (default: build tests
+# bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -185,6 +186,53 @@ if [[ " $stages " == *" agsweep "* ]]; then
       "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 --gtest_filter='*AllGather*' > "$OUT/agsweep-tests-$per.log" 2>&1
     echo "all-gather tests rc=$?"; grep -E "PASSED|FAILED" "$OUT/agsweep-tests-$per.log" | head -4
   done
+fi
+if [[ " $stages " == *" peers "* ]]; then
+  # bench/peers.py: the fused boundary (AllReduceMHC call and finalize, plain and mxfp8) against
+  # what a PyTorch user runs instead (eager and torch.compile; at TP=2 also NCCL and
+  # symmetric-memory one-shot all-reduce + the compiled epilogue, FlashInfer where it imports),
+  # each checked first (--check), then timed; JSON rows and a PNG plot per TP. PEERS_ARGS: more
+  # arguments (e.g. "--tokens 1,64,1024,4096 --eager-roundings").
+  if [[ ! -f /tmp/mhccl-py/mhccl/__init__.py ]]; then
+    stamp "peers: pip install ."
+    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
+      --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip-peers.log" 2>&1
+    echo "pip rc=$?"; tail -3 "$OUT/pip-peers.log"
+  fi
+  stamp "peers: TP=1"
+  PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 300 python3 bench/peers.py --check \
+    --json "$OUT/peers-tp1.json" --plot "$OUT/peers-tp1.png" ${PEERS_ARGS:-} > "$OUT/peers-tp1.log" 2>&1
+  echo "peers tp1 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp1.log" | head -20
+  sed -n '/^TP=1, H=/,$p' "$OUT/peers-tp1.log" | head -70
+  if [[ $N -ge 2 ]]; then
+    stamp "peers: TP=2 (torchrun)"
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 420 torchrun --nproc-per-node 2 bench/peers.py --check \
+      --json "$OUT/peers-tp2.json" --plot "$OUT/peers-tp2.png" ${PEERS_ARGS:-} > "$OUT/peers-tp2.log" 2>&1
+    echo "peers tp2 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp2.log" | head -20
+    sed -n '/^TP=2, H=/,$p' "$OUT/peers-tp2.log" | head -70
+  fi
+fi
+if [[ " $stages " == *" example "* ]]; then
+  # examples/dsv41_decode_step.py: L DSV4.1 decoder layers (stand-in attention and MoE GEMMs of
+  # the real hidden size) with mhccl at every boundary against the unfused model, both compiled
+  # and replayed as CUDA graphs: agreement after L layers and the decode-step time at M = 1, 8,
+  # 64, 256. EXAMPLE_ARGS: more arguments (e.g. "--layers 8").
+  if [[ ! -f /tmp/mhccl-py/mhccl/__init__.py ]]; then
+    stamp "example: pip install ."
+    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
+      --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip-example.log" 2>&1
+    echo "pip rc=$?"; tail -3 "$OUT/pip-example.log"
+  fi
+  stamp "example: decode step, TP=1"
+  PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 300 python3 examples/dsv41_decode_step.py \
+    --json "$OUT/example-tp1.json" ${EXAMPLE_ARGS:-} > "$OUT/example-tp1.log" 2>&1
+  echo "example tp1 rc=$?"; grep -vE "^\s+File|^\s*$|^W[0-9]{4} " "$OUT/example-tp1.log" | tail -22
+  if [[ $N -ge 2 ]]; then
+    stamp "example: decode step, TP=2 (torchrun)"
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 360 torchrun --nproc-per-node 2 examples/dsv41_decode_step.py \
+      --json "$OUT/example-tp2.json" ${EXAMPLE_ARGS:-} > "$OUT/example-tp2.log" 2>&1
+    echo "example tp2 rc=$?"; grep -vE "^\s+File|^\s*$|^W[0-9]{4} " "$OUT/example-tp2.log" | tail -22
+  fi
 fi
 stamp "done"
 # The device tool returns a few files only: every log goes back in one archive.
