@@ -47,7 +47,7 @@ struct Communicator::Impl {
   void alloc_window(size_t bytes, uint32_t fill, bool shared, Window& w);
   // Deregisters and frees (waiting for no peer after a peer failure: see release()).
   void free_window(Window& w);
-  // The fault words (kernels/params.h, fault_word; PROTOCOL.md I13): one uint32 a rank, shared
+  // The fault words (kernels/params.h, fault_word; PROTOCOL.md I12b): one uint32 a rank, shared
   // over the group where peers are reachable (every rank's kernels store a fault into every
   // rank's word), this rank's alone otherwise.
   Window fault_window;
@@ -86,7 +86,7 @@ struct Communicator::Impl {
   void all_reduce_ints(int* values, int n, ncclRedOp_t op);
   // Every rank's setup work done (collective; used at construction time only).
   void barrier();
-  // Construction agrees on the configuration (collective; PROTOCOL.md I14): every rank passes
+  // Construction agrees on the configuration (collective; PROTOCOL.md I12c): every rank passes
   // the same named fields in the same order, and `local_error`, what checking this rank's
   // configuration threw (null when it is valid). If any rank's is invalid, or any field differs
   // between ranks, every rank throws: this rank's own error, or Error(kInvalidArgument) naming

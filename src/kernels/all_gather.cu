@@ -37,9 +37,9 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
-  // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I13); the waits below
+  // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I12b); the waits below
   // then end at once and the record says why.
-  const bool publish = first >= p.packs || may_publish(p.err, fault, WaitSite{kProtoAllGather, -1, g.current, first, g.calls});
+  const bool publish = first >= p.packs || may_publish(p.err, fault, WaitSite{kProtoAllGather, -1, g.current, first, p.state});
   for (int64_t i = first; publish && i < p.packs; i += step) {
     const uint4 v = publishable<WordLanes>(i == first ? head : ld_input(in + i));
 #pragma unroll
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
       if (k >= p.tp) continue;
       const int r = (p.rank + k) % p.tp;
       const uint4* slot = local + (static_cast<int64_t>(g.current) * p.tp + r) * cap + i;
-      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i, g.calls});
+      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i, p.state});
       out[r * p.packs + i] = v[k];
     }
   }

@@ -113,17 +113,27 @@ __device__ __forceinline__ uint4 add_shared_expert(float (&acc)[8], uint4 shared
 // before their fmas: 8, so that DSV4.1's top_k = 6 costs two dependent round trips (routes, then
 // rows), not four. The shared row's load goes out with the first group's GEMM2 rows: no
 // register holds it across the route loads (at 96 registers a thread it would spill).
-__device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
-                                               int np, const ErrorSink& err, bool report) {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+// The routed sum into acc (from +0.0); `after_row_loads` runs once the first group's GEMM2 loads
+// are out (where finalize_pack loads the shared expert's pack).
+template <class AfterRowLoads>
+__device__ __forceinline__ void finalize_routed(const FinalizeInputs& f, int64_t row, int pack, int np,
+                                                const ErrorSink& err, bool report, float (&acc)[8],
+                                                AfterRowLoads after_row_loads) {
   RouteGroup rg;
   load_route_group(f, row, 0, rg);
   const auto route_at = [&](int j) { return rg.route[j]; };
   uint4 g[kFinalizeGroup];
   load_group_rows(f, pack, np, route_at, g);
-  const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+  after_row_loads();
   fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, err, report);
   finalize_groups(f, row, pack, np, kFinalizeGroup, acc, err, report);  // top_k > 8 only
+}
+__device__ __forceinline__ uint4 finalize_pack(const FinalizeInputs& f, int64_t row, int pack,
+                                               int np, const ErrorSink& err, bool report) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  uint4 shared;
+  finalize_routed(f, row, pack, np, err, report, acc,
+                  [&] { shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack); });
   return add_shared_expert(acc, shared);
 }
 
@@ -245,7 +255,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
   // The generation is read before the dependents may start (they end the call and advance it).
-  Generation g{0, 0, 0, 0};
+  Generation g{0, 0, 0};
   if (p.dest != PublishDest::kLocal) g = read_generation(p.state);
   const uint32_t gen = g.current;
   pdl_launch_dependents();
@@ -263,7 +273,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
     return;
   }
   const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
-  if (!may_publish(p.err, fault, WaitSite{proto, -1, gen, rp.row, g.calls})) return;
+  if (!may_publish(p.err, fault, WaitSite{proto, -1, gen, rp.row, p.state})) return;
   v = publishable<Bf16Lanes>(v);
   if (p.dest == PublishDest::kAllRanks) {
     store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
@@ -280,7 +290,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
 // never stores a row that misses a rank's contribution (its peers would consume it as right).
 __device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
                                                   int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
-                                                  int np, int pack, const Generation& g, const ErrorSink& err) {
+                                                  int np, int pack, const Generation& g, const LamportState* state,
+                                                  const ErrorSink& err) {
   const uint32_t gen = g.current;
   const int64_t slot_packs = owner_rows * np;
   const int64_t row = j * tp + rank;
@@ -294,14 +305,14 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 #pragma unroll
   for (int r = 0; r < kMaxTp; ++r) {
     if (r >= tp) continue;
-    arrived &= wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row, g.calls});
+    arrived &= wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row, state});
     float f[8];
     unpack_bf16(v[r], f);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
   }
   // The fault word is read after the waits: a fault raised while this owner waited stops it.
-  if (!arrived || !may_publish(err, load_fault(err), WaitSite{kProtoTwoShotOwner, -1, gen, row, g.calls})) return;
+  if (!arrived || !may_publish(err, load_fault(err), WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
@@ -322,7 +333,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const int64_t row = rp.row * p.tp + p.rank;
   if (!rp.active || row >= p.m) return;
   owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, g,
-                    p.err);
+                    p.state, p.err);
 }
 
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
@@ -490,7 +501,13 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // by a round trip), then the residual streams (the norm weight comes after the publish).
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
   __shared__ float mixes[kMixes];
+  // TP=1 finalize: the shared expert's pack too (added after the routed sum; in a register
+  // across the route and GEMM2 loads it spilled at hc = 4).
+  __shared__ uint4 shared_expert[IN == ConsumerInput::kFinalize ? kMaxThreadsPerCta : 1];
   cp_async_mixes<HC, V>(mixes, p, row);
+  if constexpr (IN == ConsumerInput::kFinalize) {
+    if (rp.active) cp_async16(&shared_expert[threadIdx.x], static_cast<const uint4*>(p.fin.shared) + row * np + pack);
+  }
   cp_async_commit();
   uint4 res[HC];
   if (rp.active) {
@@ -504,14 +521,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // whose arithmetic would hold a later state load back): the state's round trip overlaps the
   // first of the row's.
   uint4 mine = make_uint4(0, 0, 0, 0);
-  Generation g{0, 0, 0, 0};
+  Generation g{0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
     g = read_generation(p.state, !p.wait_predecessor);
     const uint32_t fault = publish ? load_fault(p.err) : 0u;  // in flight with the state's loads
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-    if (publish && may_publish(p.err, fault, WaitSite{p.protocol, -1, g.current, row, g.calls})) {
+    if (publish && may_publish(p.err, fault, WaitSite{p.protocol, -1, g.current, row, p.state})) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
                      publishable<Bf16Lanes>(mine));
     }
@@ -550,7 +567,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
         if (r >= p.nslots) continue;
         const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
         wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p),
-                             WaitSite{p.protocol, peer, g.current, row, g.calls});
+                             WaitSite{p.protocol, peer, g.current, row, p.state});
         float f[8];
         unpack_bf16(v[r], f);
 #pragma unroll
@@ -558,7 +575,12 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       }
     } else {
       uint4 x = direct;
-      if constexpr (IN == ConsumerInput::kFinalize) x = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
+      if constexpr (IN == ConsumerInput::kFinalize) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        finalize_routed(p.fin, row, pack, p.np, p.err, pack == 0, acc, [] {});
+        cp_async_wait_all();  // this thread's shared-expert pack (and the mixes)
+        x = add_shared_expert(acc, shared_expert[threadIdx.x]);
+      }
       float f[8];
       unpack_bf16(x, f);
 #pragma unroll
@@ -592,7 +614,7 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
   const bool active = pack < np;  // each branch lets threads without a pack leave
   const bool two_shot = p.contributions != nullptr;
   const uint32_t proto = two_shot ? kProtoTwoShotOwner : kProtoOneShot;
-  auto allowed = [&](uint32_t fault, int64_t row) { return may_publish(p.err, fault, WaitSite{proto, -1, gen, row, gs.calls}); };
+  auto allowed = [&](uint32_t fault, int64_t row) { return may_publish(p.err, fault, WaitSite{proto, -1, gen, row, p.state}); };
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
     if (!two_shot) {
@@ -674,7 +696,8 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
   if (pack >= p.np) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
   for (int64_t j = index; j < owned; j += count) {
-    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g, p.err);
+    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g, p.state,
+                      p.err);
   }
 }
 
@@ -785,7 +808,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
         if constexpr (IN == ConsumerInput::kPoll) {
           const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
           wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
-                               WaitSite{p.protocol, peer, gen, row, g.calls});
+                               WaitSite{p.protocol, peer, gen, row, p.state});
         } else if constexpr (IN == ConsumerInput::kFinalize) {
           // x = bf16(sum_k w[k] * gemm2[route[k]] + shared): finalize_pack's order and bits (v
           // holds the shared expert's pack). The residual streams are read from shared memory
@@ -870,7 +893,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     end_polling_call(p, g, ticket);
   } else {
     pdl_launch_dependents();
-    consume_rows<HC, IN, V>(p, Generation{0, 0, 0, 0}, blockIdx.x, gridDim.x);
+    consume_rows<HC, IN, V>(p, Generation{0, 0, 0}, blockIdx.x, gridDim.x);
     if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
   }
 }

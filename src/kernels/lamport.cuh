@@ -132,16 +132,29 @@ __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, 
   __threadfence_system();
 }
 
-// Where a wait (or a publish) is, for the error record.
+// Where a wait (or a publish) is, for the error record. `state`: the protocol's state (a kernel
+// parameter, so no register holds it), read only when an error is recorded.
 struct WaitSite {
   uint32_t protocol;
   int peer;
   uint32_t generation;
   int64_t row;
-  uint32_t call;  // Generation::calls
+  const LamportState* state;
 };
 
-// --- Fault containment (PROTOCOL.md, I13) ----------------------------------------------------
+// The index of the call a wait belongs to, for its error record: the state's call count, less
+// one where this call's last CTA already advanced the state (a generation past the site's).
+__device__ __forceinline__ uint32_t call_of(const WaitSite& site) {  // error paths only
+  if (site.state == nullptr) return 0;
+  const volatile LamportState* s = site.state;
+  for (;;) {
+    const uint32_t gen = s->generation, calls = s->calls;
+    if (s->generation != gen) continue;  // advanced in between: read again
+    return gen == site.generation ? calls : calls - 1;
+  }
+}
+
+// --- Fault containment (PROTOCOL.md, I12b) ----------------------------------------------------
 // This rank's fault word (params.h, fault_word): 0 while no rank of the group gave up a wait.
 // System scope: peers store into it over NVLink.
 __device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
@@ -160,9 +173,12 @@ __device__ __forceinline__ void raise_fault(const ErrorSink& e, int waited_for) 
 // A fault seen here: recorded on this rank (the timeout record: fatal), naming the rank that
 // timed out and the one it waited for. Where this rank timed out itself, its kWaitTimeout record
 // stands already (the first record of its kind wins).
-__device__ __forceinline__ void record_fault(const ErrorSink& e, uint32_t f, const WaitSite& site) {
+// Not inlined, like the timeout below: the error paths' registers stay out of the hot loops
+// around them (inlined, they made the streaming finalize publishers spill).
+static __device__ __noinline__ void record_fault(const ErrorSink e, uint32_t f, const WaitSite site) {  // by value: no
+  // address of a kernel parameter escapes (that would copy it to local memory at the kernel's start)
   record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row,
-               fault_waited_for(f), site.call);
+               fault_waited_for(f), call_of(site));
 }
 // Whether this thread may store into peers' mailboxes, given `f`, this rank's fault word loaded
 // by the caller (early, so that its round trip overlaps the loads of what is published): no
@@ -180,6 +196,12 @@ __device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t f, cons
 // the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
 // of the group was seen (recorded); the caller then stores nothing more into any mailbox and
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
+// A wait's budget expired: recorded, and the fault raised in every rank's word.
+static __device__ __noinline__ void record_timeout(const ErrorSink e, const WaitSite site) {
+  record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, call_of(site));
+  raise_fault(e, site.peer);
+}
+
 template <class Lanes>
 __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e,
                                           const WaitSite& site) {
@@ -195,8 +217,7 @@ __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const Erro
         return false;
       }
       if (global_timer_ns() - start > e.timeout_ns) {
-        record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, site.call);
-        raise_fault(e, site.peer);
+        record_timeout(e, site);
         return false;
       }
     }
@@ -208,7 +229,6 @@ struct Generation {
   uint32_t current;   // slots this call writes and reads
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
-  uint32_t calls;     // calls of this protocol before this one (for error records)
 };
 // The protocol state of this call. Plain loads in a kernel that passed griddepcontrol.wait (or
 // has no PDL predecessor): the previous call's last kernel, which wrote it, completed before,
@@ -222,11 +242,9 @@ __device__ __forceinline__ Generation read_generation(const LamportState* s, boo
   if (relaxed) {
     g.current = ld_relaxed_gpu(&s->generation);
     g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
-    g.calls = ld_relaxed_gpu(&s->calls);
   } else {
     g.current = s->generation;
     g.prev_rows = s->prev_rows;
-    g.calls = s->calls;
   }
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;

@@ -46,7 +46,7 @@ struct ErrorRecord {
 // wait of the group completed. A rank whose wait expires stores fault_word(itself, the peer it
 // waited for) into every rank's word (its own too); every wait and every publish of every rank
 // watches its own word, so that once any rank gave up, no rank stores into a mailbox again and
-// every rank's waits end at once with an error naming the rank that timed out (PROTOCOL.md, I13).
+// every rank's waits end at once with an error naming the rank that timed out (PROTOCOL.md, I12b).
 constexpr uint32_t kFaultRaised = 0x80000000u;
 MHCCL_HD constexpr uint32_t fault_word(int timed_out_rank, int waited_for) {
   return kFaultRaised | (static_cast<uint32_t>(waited_for) << 8) | static_cast<uint32_t>(timed_out_rank);

@@ -728,7 +728,7 @@ TEST(PeerTimeout, ReportedNamingThePeer) {
   }
 }
 
-// Construction agrees on the configuration (PROTOCOL.md I14): rank 1 builds with another
+// Construction agrees on the configuration (PROTOCOL.md I12c): rank 1 builds with another
 // max_num_tokens, then with another two-shot threshold, then with an invalid hc: every rank
 // throws (no hang, no window registered with sizes that differ), naming the field; then the
 // same communicator builds a matching op and runs a checked call.

@@ -434,7 +434,7 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
 // their calls enqueued back to back with no host synchronization between calls (as an engine
 // issues them): the orderings only concurrency produces, such as a peer one call ahead while
 // this rank's streaming kernel resets the previous generation, or a rank that times out while
-// its peers still run (PROTOCOL.md I4, I13). The launch sequence of each path is the library's
+// its peers still run (PROTOCOL.md I4, I12b). The launch sequence of each path is the library's
 // (src/ops/all_reduce_mhc.cpp): PDL on, a publish's consumer not waiting for its predecessor.
 // Every rank's grids together stay well within the device (a streaming grid at most 1/(4R) of the
 // streaming kernel's resident CTAs, CTA-per-row grids of a few rows; with PDL a rank may hold
@@ -658,7 +658,7 @@ TEST_P(ConcurrentRanks, GraphReplayOfMixedCalls) {
   check_calls(calls, tp, "graph");
 }
 
-// A rank that times out stops the group (PROTOCOL.md I13): the last rank is held back 5x the
+// A rank that times out stops the group (PROTOCOL.md I12b): the last rank is held back 5x the
 // wait budget before its call 3 of 10, enqueued without host sync (or captured in a graph and
 // replayed). The other ranks' waits of call 3 expire; from then on no rank stores into a
 // mailbox. Asserted: every rank records an error (no rank ends its calls silently), each names

@@ -54,7 +54,7 @@ __global__ void floor_poll(const FloorParams p) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < p.tp; ++r) {
       uint4 v = ld_volatile(base + r * slot);
-      wait_slot<Bf16Lanes>(base + r * slot, v, p.err, WaitSite{kProtoOneShot, r, g.current, rp.row, g.calls});
+      wait_slot<Bf16Lanes>(base + r * slot, v, p.err, WaitSite{kProtoOneShot, r, g.current, rp.row, p.state});
       float f[8];
       unpack_bf16(v, f);
       for (int e = 0; e < 8; ++e) acc[e] += f[e];
