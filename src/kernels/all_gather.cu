@@ -32,14 +32,13 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   uint4 head = make_uint4(0, 0, 0, 0);
   if (first < p.packs) head = ld_input(in + first);
   const Generation g = read_generation(p.state);
-  const uint32_t fault = load_fault(p.err);  // in flight with the state's loads
   const uint32_t ticket = arrive_early(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
   // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I12b); the waits below
   // then end at once and the record says why.
-  const bool publish = first >= p.packs || may_publish(p.err, fault, WaitSite{kProtoAllGather, -1, g.current, first, p.state});
+  const bool publish = first >= p.packs || may_publish(p.err, g.faulted, WaitSite{kProtoAllGather, -1, g.current, first, p.state});
   for (int64_t i = first; publish && i < p.packs; i += step) {
     const uint4 v = publishable<WordLanes>(i == first ? head : ld_input(in + i));
 #pragma unroll

@@ -255,12 +255,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
   // The generation is read before the dependents may start (they end the call and advance it).
-  Generation g{0, 0, 0};
+  Generation g{0, 0, 0, 0};
   if (p.dest != PublishDest::kLocal) g = read_generation(p.state);
   const uint32_t gen = g.current;
   pdl_launch_dependents();
   if (!rp.active) return;
-  const uint32_t fault = p.dest == PublishDest::kLocal ? 0u : load_fault(p.err);
   const int64_t np = p.np;
   uint4 v;
   if constexpr (kFinalize) {
@@ -273,7 +272,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
     return;
   }
   const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
-  if (!may_publish(p.err, fault, WaitSite{proto, -1, gen, rp.row, p.state})) return;
+  if (!may_publish(p.err, g.faulted, WaitSite{proto, -1, gen, rp.row, p.state})) return;
   v = publishable<Bf16Lanes>(v);
   if (p.dest == PublishDest::kAllRanks) {
     store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
@@ -311,8 +310,9 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
   }
-  // The fault word is read after the waits: a fault raised while this owner waited stops it.
-  if (!arrived || !may_publish(err, load_fault(err), WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
+  // Every contribution arrived (a failed wait marked the state and recorded why), and no
+  // earlier wait of the protocol gave up on this rank.
+  if (!arrived || !may_publish(err, g.faulted, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
   // Before the consumer may start (and end the call); without griddepcontrol.wait: relaxed loads.
-  const Generation g = read_generation(p.state, !p.wait_predecessor);
+  __shared__ uint32_t state_box[3];
+  const Generation g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   if (!rp.active || row >= p.m) return;
@@ -521,14 +522,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // whose arithmetic would hold a later state load back): the state's round trip overlaps the
   // first of the row's.
   uint4 mine = make_uint4(0, 0, 0, 0);
-  Generation g{0, 0, 0};
+  Generation g{0, 0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
-    g = read_generation(p.state, !p.wait_predecessor);
-    const uint32_t fault = publish ? load_fault(p.err) : 0u;  // in flight with the state's loads
+    __shared__ uint32_t state_box[3];
+    g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-    if (publish && may_publish(p.err, fault, WaitSite{p.protocol, -1, g.current, row, p.state})) {
+    if (publish && may_publish(p.err, g.faulted, WaitSite{p.protocol, -1, g.current, row, p.state})) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
                      publishable<Bf16Lanes>(mine));
     }
@@ -604,8 +605,9 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
 // slot [gen][rank][row / tp] of the owner (rank row % tp). Several rows in flight a thread for
 // x; the finalize reduction has its own 8 loads in flight.
 template <bool kFin>
-// Each row's stores go out only while no fault stands (this rank's fault word, loaded with the
-// row's inputs): once any rank of the group gave up a wait, the rest of the call publishes nothing.
+// Each row's stores go out only while no fault stands (the protocol's state as this call read
+// it, and this rank's fault word, loaded with the row's inputs): once any rank of the group gave
+// up a wait, the rest of the call publishes nothing.
 __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Generation& gs, int64_t index,
                                              int64_t count) {
   const uint32_t gen = gs.current;
@@ -614,7 +616,9 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
   const bool active = pack < np;  // each branch lets threads without a pack leave
   const bool two_shot = p.contributions != nullptr;
   const uint32_t proto = two_shot ? kProtoTwoShotOwner : kProtoOneShot;
-  auto allowed = [&](uint32_t fault, int64_t row) { return may_publish(p.err, fault, WaitSite{proto, -1, gen, row, p.state}); };
+  auto allowed = [&](uint32_t fault, int64_t row) {
+    return may_publish(p.err, fault | gs.faulted, WaitSite{proto, -1, gen, row, p.state});
+  };
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
     if (!two_shot) {
@@ -875,7 +879,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   if (p.wait_predecessor) pdl_wait();
   if constexpr (IN == ConsumerInput::kPoll) {
     __shared__ uint32_t role_ticket;
-    const Generation g = read_generation(p.state, !p.wait_predecessor);
+    __shared__ uint32_t state_box[3];
+    const Generation g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
     pdl_launch_dependents();  // after the state read: dependents start the next call
     const uint32_t t = arrive_early(p.state);
     if (threadIdx.x == 0) role_ticket = t;
@@ -893,7 +898,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     end_polling_call(p, g, ticket);
   } else {
     pdl_launch_dependents();
-    consume_rows<HC, IN, V>(p, Generation{0, 0, 0}, blockIdx.x, gridDim.x);
+    consume_rows<HC, IN, V>(p, Generation{0, 0, 0, 0}, blockIdx.x, gridDim.x);
     if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
   }
 }

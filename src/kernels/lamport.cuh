@@ -179,15 +179,16 @@ static __device__ __noinline__ void record_fault(const ErrorSink e, uint32_t f, 
   // address of a kernel parameter escapes (that would copy it to local memory at the kernel's start)
   record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row,
                fault_waited_for(f), call_of(site));
+  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
 }
-// Whether this thread may store into peers' mailboxes, given `f`, this rank's fault word loaded
-// by the caller (early, so that its round trip overlaps the loads of what is published): no
-// fault raised anywhere in the group as far as this rank's word shows. A publish that is dropped
-// records the fault, so the host of this rank reports it and the call's outputs are never taken
-// for right.
-__device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t f, const WaitSite& site) {
-  if (f == 0) return true;
-  record_fault(e, f, site);
+// Whether this thread may store into peers' mailboxes: `stop` (this protocol's state says a
+// wait of it gave up, or the caller loaded a fault word that is set) is false. A publish that is
+// dropped records the fault (the word read on this cold path), so the host of this rank
+// reports it and the call's outputs are never taken for right.
+__device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t stop, const WaitSite& site) {
+  if (stop == 0) return true;
+  const uint32_t f = load_fault(e);
+  record_fault(e, f != 0 ? f : fault_word(e.rank, e.rank), site);
   return false;
 }
 
@@ -200,6 +201,7 @@ __device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t f, cons
 static __device__ __noinline__ void record_timeout(const ErrorSink e, const WaitSite site) {
   record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, call_of(site));
   raise_fault(e, site.peer);
+  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
 }
 
 template <class Lanes>
@@ -229,23 +231,35 @@ struct Generation {
   uint32_t current;   // slots this call writes and reads
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
+  uint32_t faulted;   // LamportState::faulted: publish nothing
 };
 // The protocol state of this call. Plain loads in a kernel that passed griddepcontrol.wait (or
 // has no PDL predecessor): the previous call's last kernel, which wrote it, completed before,
 // and its writes are visible. Where a kernel skips the wait (after our own publish, which
-// passed it), PDL promises no such visibility: `relaxed` then reads it with GPU-scope relaxed
-// loads. Those are not for every kernel: measured on one H200 (session 6), strong loads of the
-// state by every thread of 4096 CTAs cost 54 us a call in the Lamport floor and 39 us in the
-// two-shot call at M = 4096 (TP=1 self-test), against cached loads.
-__device__ __forceinline__ Generation read_generation(const LamportState* s, bool relaxed = false) {
+// passed it), PDL promises no such visibility: read_generation_cta then reads it with GPU-scope
+// relaxed loads, by one thread of the CTA, shared through shared memory (`box`, a CTA barrier:
+// call it from every thread). Not one strong load a warp: measured on one H200 (session 6),
+// strong loads of the state by every warp of 4096 CTAs cost 54 us a call in the Lamport floor
+// and 39 us in the two-shot call at M = 4096 (TP=1 self-test), against cached loads.
+__device__ __forceinline__ Generation read_generation(const LamportState* s) {
   Generation g;
-  if (relaxed) {
-    g.current = ld_relaxed_gpu(&s->generation);
-    g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
-  } else {
-    g.current = s->generation;
-    g.prev_rows = s->prev_rows;
+  g.current = s->generation;
+  g.prev_rows = s->prev_rows;
+  g.faulted = s->faulted;
+  g.previous = (g.current + kGenerations - 1) % kGenerations;
+  return g;
+}
+__device__ __forceinline__ Generation read_generation_cta(const LamportState* s, uint32_t (&box)[3]) {
+  if (threadIdx.x == 0) {
+    box[0] = ld_relaxed_gpu(&s->generation);
+    box[1] = ld_relaxed_gpu(&s->prev_rows);
+    box[2] = ld_relaxed_gpu(&s->faulted);
   }
+  __syncthreads();
+  Generation g;
+  g.current = box[0];
+  g.prev_rows = box[1];
+  g.faulted = box[2];
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;
 }

@@ -77,6 +77,10 @@ struct LamportState {
   uint32_t prev_rows;
   uint32_t arrived;
   uint32_t calls;
+  // Set (never cleared) once a wait of this protocol gave up on this rank (a timeout, or a
+  // fault seen): every later kernel of the protocol reads it with the state and publishes
+  // nothing (PROTOCOL.md I12b), at no cost to the hot path (the state is read anyway).
+  uint32_t faulted;
 };
 
 // How a row of np 16-byte packs maps onto CTAs: ctas_per_row CTAs (a thread-block cluster when

@@ -507,6 +507,11 @@ struct ConcurrentGroup {
   std::vector<std::unique_ptr<SimRank>> ranks;
   std::vector<std::unique_ptr<RankSink>> sinks;
   int resident[2] = {0, 0};
+  // PDL at TP=2 only: a dependent grid launched early holds its SMs while it waits in
+  // griddepcontrol.wait, and with four ranks' grids (clusters of 5 CTAs among them) on one GPU
+  // that starved a peer's kernel of SMs (session 6 run 2: 10 s timeouts at TP=4 only, in calls
+  // the same sequence passes at TP=2), which a GPU a rank never sees.
+  bool pdl() const { return tp <= 2; }
 
   // Enqueues rank r's call of problem p on its stream, the library's way for `kind`.
   void launch(int r, Kind kind, const Problem& p, Variant v, CallBuffers& b) {
@@ -525,8 +530,8 @@ struct ConcurrentGroup {
         break;
       case Kind::kPhasedOneShot:
       case Kind::kTwoShot:
-        MHCCL_TEST_CUDA(launch_publish(pp, s, true));
-        if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, true));
+        MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
+        if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
         cp.wait_predecessor = false;
         cp.streaming_min_rows = 0;
         break;
@@ -540,7 +545,7 @@ struct ConcurrentGroup {
         ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << kind_name(kind) << " M=" << p.m;
         break;
     }
-    MHCCL_TEST_CUDA(launch_consumer(cp, kHc, ConsumerInput::kPoll, cv, s, true));
+    MHCCL_TEST_CUDA(launch_consumer(cp, kHc, ConsumerInput::kPoll, cv, s, pdl()));
   }
 };
 
