@@ -2,7 +2,7 @@
 # Builds the Python wheel into ${WHEEL_DIR:-dist} (pip's isolated build: it fetches
 # scikit-build-core, nanobind and the nvidia-nccl-cu13 wheel whose headers and library the wheel
 # is built against; see pyproject.toml). Kernels for sm_90 and sm_100 by default;
-# CMAKE_CUDA_ARCHITECTURES=90 builds sm_90 alone (development: about half the time). PYTHON picks
+# CMAKE_CUDA_ARCHITECTURES=90 builds sm_90 alone (development: faster). PYTHON picks
 # the interpreter (3.12 or newer: one abi3 wheel for every CPython >= 3.12; older: a wheel for
 # that version only). JOBS sets the build's parallelism.
 # Where auditwheel is installed (install-deps.sh --wheel), the linux_x86_64 wheel is repaired to
@@ -24,7 +24,7 @@ for p in "$py" python3; do
   if "$p" -m auditwheel --version > /dev/null 2>&1; then aw=("$p" -m auditwheel); break; fi
 done
 if ((${#aw[@]})); then
-  "${aw[@]}" repair -q --exclude libnccl.so.2 --exclude libcudart.so.13 -w "$out" "$wheel"
+  "${aw[@]}" repair --exclude libnccl.so.2 --exclude libcudart.so.13 -w "$out" "$wheel"
 else
   echo "build-wheel: no auditwheel (install-deps.sh --wheel): the wheel keeps the linux_x86_64 tag" >&2
   cp "$wheel" "$out/"
