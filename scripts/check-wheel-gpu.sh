@@ -29,8 +29,12 @@ import mhccl, mhccl._mhccl
 assert "torch" not in sys.modules
 print("mhccl", mhccl.__version__, "at", os.path.dirname(mhccl.__file__))
 maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if len(l.split()) >= 6})
-for lib in ("libnccl.so", "libcudart.so"):
-    print(" ", lib, [p for p in maps if os.path.basename(p).startswith(lib)])
+site = os.path.dirname(os.path.dirname(os.path.realpath(mhccl.__file__)))
+for lib, where in (("libnccl.so", "nvidia/nccl/lib"), ("libcudart.so", "nvidia/cu13/lib")):
+    paths = [p for p in maps if os.path.basename(p).startswith(lib)]
+    print(" ", lib, paths)
+    assert len(paths) == 1 and paths[0].startswith(os.path.join(site, where)), \
+        f"{lib}: expected the wheel's in {os.path.join(site, where)} (is mhccl beside the nvidia wheels?)"
 PY
 
 step "2. torch.distributed (NCCL) and mhccl in one process"
@@ -44,7 +48,7 @@ dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size
 t = torch.ones(8, device=dev)
 dist.all_reduce(t)
 torch.cuda.synchronize()
-print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", torch.cuda.nccl.version())
 import mhccl
 M, H, hc = 4, 5120, 4
 op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=hc, max_num_tokens=16, top_k=6, device=dev)
