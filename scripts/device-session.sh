@@ -44,30 +44,33 @@ if [[ " $stages " == *" deadpeer "* ]]; then
 fi
 if [[ " $stages " == *" python "* ]]; then
   # The package as a user installs it (no registry there: no isolation, no dependency fetch),
-  # its GPU tests (TP=1 in process, TP=2 spawned), and the example under torchrun.
+  # beside PyTorch and its nvidia-nccl-cu13 / nvidia-cuda-runtime wheels, which the package's
+  # RUNPATH ($ORIGIN/../nvidia/...) finds; its GPU tests (TP=1 in process, TP=2 spawned), and
+  # the example under torchrun. (scripts/check-wheel-gpu.sh checks a wheel built elsewhere.)
   stamp "python: pip install ."
-  CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
-    --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip.log" 2>&1
+  CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include -DCMAKE_CUDA_ARCHITECTURES=90" python3 -m pip install -q \
+    --no-build-isolation --no-deps --force-reinstall . > "$OUT/pip.log" 2>&1
   echo "pip rc=$?"; tail -3 "$OUT/pip.log"
+  pkg=$(cd /tmp && python3 -c 'import mhccl, os; print(os.path.dirname(mhccl.__file__))')
   # What the wheel's library carries of the C++ runtime itself (expected: nothing; it should
   # take std:: from libstdc++.so.6), and the environment's flags.
-  { env | grep -E "FLAGS|^CC=|^CXX=|CUDAHOSTCXX" ; readelf -d /tmp/mhccl-py/mhccl/libmhccl.so | grep -E "NEEDED|RUNPATH";
-    echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only /tmp/mhccl-py/mhccl/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
+  { env | grep -E "FLAGS|^CC=|^CXX=|CUDAHOSTCXX" ; readelf -d $pkg/libmhccl.so | grep -E "NEEDED|RUNPATH";
+    echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only $pkg/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
     echo "... in the build's libmhccl.so: $(nm -DC --defined-only $B/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')"; } > "$OUT/wheel-lib.txt" 2>&1
   tail -4 "$OUT/wheel-lib.txt"
   stamp "python: pytest"
   for t in $(cd python/tests && ls test_*.py | sed 's/\.py$//'); do
-    PYTHONPATH=/tmp/mhccl-py timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
+    timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1
     rc=$?; echo "pytest $t rc=$rc"; grep -vE "^\s+File|^\s*$" "$OUT/pytest-$t.log" | tail -12
     if [[ $rc -ge 128 ]]; then  # a crash: the native stack of it (cuda-gdb debugs host code too)
-      PYTHONPATH=/tmp/mhccl-py timeout 200 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
+      timeout 200 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
         python3 -m pytest -p no:cacheprovider -q -x python/tests/$t.py > "$OUT/gdb-$t.log" 2>&1
       grep -E "^#[0-9]+ " "$OUT/gdb-$t.log" | head -25
     fi
   done
   if [[ $N -ge 2 ]]; then
     stamp "python: example"
-    PYTHONPATH=/tmp/mhccl-py timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
+    timeout 120 torchrun --nproc-per-node 2 examples/dsv41_decode_boundary.py \
       --tokens 16 > "$OUT/example.log" 2>&1
     echo "example rc=$?"; tail -6 "$OUT/example.log"
   fi
@@ -193,20 +196,20 @@ if [[ " $stages " == *" peers "* ]]; then
   # symmetric-memory one-shot all-reduce + the compiled epilogue, FlashInfer where it imports),
   # each checked first (--check), then timed; JSON rows and a PNG plot per TP. PEERS_ARGS: more
   # arguments (e.g. "--tokens 1,64,1024,4096 --eager-roundings").
-  if [[ ! -f /tmp/mhccl-py/mhccl/__init__.py ]]; then
+  if ! (cd /tmp && python3 -c "import mhccl") 2>/dev/null; then  # the python stage installs it
     stamp "peers: pip install ."
-    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
-      --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip-peers.log" 2>&1
+    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include -DCMAKE_CUDA_ARCHITECTURES=90" python3 -m pip install -q \
+      --no-build-isolation --no-deps --force-reinstall . > "$OUT/pip-peers.log" 2>&1
     echo "pip rc=$?"; tail -3 "$OUT/pip-peers.log"
   fi
   stamp "peers: TP=1"
-  PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 300 python3 bench/peers.py --check \
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers.py --check \
     --json "$OUT/peers-tp1.json" --plot "$OUT/peers-tp1.png" ${PEERS_ARGS:-} > "$OUT/peers-tp1.log" 2>&1
   echo "peers tp1 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp1.log" | head -20
   sed -n '/^TP=1, H=/,$p' "$OUT/peers-tp1.log" | head -70
   if [[ $N -ge 2 ]]; then
     stamp "peers: TP=2 (torchrun)"
-    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 420 torchrun --nproc-per-node 2 bench/peers.py --check \
+    PYTHONUNBUFFERED=1 timeout 420 torchrun --nproc-per-node 2 bench/peers.py --check \
       --json "$OUT/peers-tp2.json" --plot "$OUT/peers-tp2.png" ${PEERS_ARGS:-} > "$OUT/peers-tp2.log" 2>&1
     echo "peers tp2 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp2.log" | head -20
     sed -n '/^TP=2, H=/,$p' "$OUT/peers-tp2.log" | head -70
@@ -217,19 +220,19 @@ if [[ " $stages " == *" example "* ]]; then
   # the real hidden size) with mhccl at every boundary against the unfused model, both compiled
   # and replayed as CUDA graphs: agreement after L layers and the decode-step time at M = 1, 8,
   # 64, 256. EXAMPLE_ARGS: more arguments (e.g. "--layers 8").
-  if [[ ! -f /tmp/mhccl-py/mhccl/__init__.py ]]; then
+  if ! (cd /tmp && python3 -c "import mhccl") 2>/dev/null; then  # the python stage installs it
     stamp "example: pip install ."
-    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include" python3 -m pip install -q \
-      --no-build-isolation --no-deps --target /tmp/mhccl-py . > "$OUT/pip-example.log" 2>&1
+    CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include -DCMAKE_CUDA_ARCHITECTURES=90" python3 -m pip install -q \
+      --no-build-isolation --no-deps --force-reinstall . > "$OUT/pip-example.log" 2>&1
     echo "pip rc=$?"; tail -3 "$OUT/pip-example.log"
   fi
   stamp "example: decode step, TP=1"
-  PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 300 python3 examples/dsv41_decode_step.py \
+  PYTHONUNBUFFERED=1 timeout 300 python3 examples/dsv41_decode_step.py \
     --json "$OUT/example-tp1.json" ${EXAMPLE_ARGS:-} > "$OUT/example-tp1.log" 2>&1
   echo "example tp1 rc=$?"; grep -vE "^\s+File|^\s*$|^W[0-9]{4} " "$OUT/example-tp1.log" | tail -22
   if [[ $N -ge 2 ]]; then
     stamp "example: decode step, TP=2 (torchrun)"
-    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/mhccl-py timeout 360 torchrun --nproc-per-node 2 examples/dsv41_decode_step.py \
+    PYTHONUNBUFFERED=1 timeout 360 torchrun --nproc-per-node 2 examples/dsv41_decode_step.py \
       --json "$OUT/example-tp2.json" ${EXAMPLE_ARGS:-} > "$OUT/example-tp2.log" 2>&1
     echo "example tp2 rc=$?"; grep -vE "^\s+File|^\s*$|^W[0-9]{4} " "$OUT/example-tp2.log" | tail -22
   fi

