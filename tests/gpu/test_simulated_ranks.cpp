@@ -63,32 +63,47 @@ struct SimRank {
   cudaStream_t stream = nullptr;
 };
 
-// One error sink for every simulated rank, in device memory (the library's is host-mapped): an
-// expired wait fails a test with its record instead of hanging it.
-// Its fault word is one word shared by every simulated rank (the test's ranks stop together).
-struct SimErrors {
-  SimErrors(uint64_t timeout_ns, uint32_t op) : records(2 * sizeof(ErrorRecord)), words(16), table(sizeof(void*)) {
+// One rank's error sink: records and claims in device memory, its fault word, and the table of
+// every rank's fault word (shared by the ranks).
+struct RankSink {
+  RankSink(uint64_t timeout_ns, int rank, int tp, uint32_t* const* table, uint32_t op = kOpAllReduceCall)
+      : records(2 * sizeof(ErrorRecord)), words(16) {
     MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
     MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
-    uint32_t* fault = words.as<uint32_t>() + 2;
-    MHCCL_TEST_CUDA(cudaMemcpy(table.get(), &fault, sizeof(fault), cudaMemcpyHostToDevice));
     sink.records = records.as<ErrorRecord>();
     sink.claims = words.as<uint32_t>();
-    sink.fault = fault;
-    sink.fault_peers = table.as<uint32_t*>();
-    sink.fault_ranks = 1;
-    sink.rank = 0;
+    sink.fault = words.as<uint32_t>() + 2;
+    sink.fault_peers = table;
+    sink.fault_ranks = tp;
+    sink.rank = rank;
     sink.timeout_ns = timeout_ns;
     sink.op = op;
   }
-  // The timeout record (ready == 0: no wait expired).
   ErrorRecord timeout() const {
     ErrorRecord rec[2];
     MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
     return rec[kTimeoutRecord];
   }
-  DeviceBuffer records, words, table;
+  uint32_t fault() const {
+    uint32_t w = 0;
+    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 2, sizeof(w), cudaMemcpyDeviceToHost));
+    return w;
+  }
+  DeviceBuffer records, words;
   ErrorSink sink{};
+};
+
+// One error sink for every simulated rank of the phased tests, in device memory (the library's
+// is host-mapped): an expired wait fails a test with its record instead of hanging it. Its fault
+// word is one word shared by every simulated rank (the test's ranks stop together): the table
+// of one entry holds it.
+struct SimErrors : RankSink {
+  SimErrors(uint64_t timeout_ns, uint32_t op) : RankSink(timeout_ns, 0, 1, nullptr, op), table(sizeof(void*)) {
+    uint32_t* fault = sink.fault;
+    MHCCL_TEST_CUDA(cudaMemcpy(table.get(), &fault, sizeof(fault), cudaMemcpyHostToDevice));
+    sink.fault_peers = table.as<uint32_t*>();
+  }
+  DeviceBuffer table;
 };
 
 ConsumerVariant consumer_variant(Variant v) {
@@ -452,36 +467,6 @@ const char* kind_name(Kind k) {
   return "?";
 }
 bool kind_two_shot(Kind k) { return k == Kind::kTwoShot || k == Kind::kStreamTwoShot; }
-
-// One rank's error sink: records and claims in device memory, its fault word, and the table of
-// every rank's fault word (shared by the ranks).
-struct RankSink {
-  RankSink(uint64_t timeout_ns, int rank, int tp, uint32_t* const* table)
-      : records(2 * sizeof(ErrorRecord)), words(16) {
-    MHCCL_TEST_CUDA(cudaMemset(records.get(), 0, records.bytes()));
-    MHCCL_TEST_CUDA(cudaMemset(words.get(), 0, words.bytes()));
-    sink.records = records.as<ErrorRecord>();
-    sink.claims = words.as<uint32_t>();
-    sink.fault = words.as<uint32_t>() + 2;
-    sink.fault_peers = table;
-    sink.fault_ranks = tp;
-    sink.rank = rank;
-    sink.timeout_ns = timeout_ns;
-    sink.op = kOpAllReduceCall;
-  }
-  ErrorRecord timeout() const {
-    ErrorRecord rec[2];
-    MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
-    return rec[kTimeoutRecord];
-  }
-  uint32_t fault() const {
-    uint32_t w = 0;
-    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 2, sizeof(w), cudaMemcpyDeviceToHost));
-    return w;
-  }
-  DeviceBuffer records, words;
-  ErrorSink sink{};
-};
 
 struct ConcurrentGroup {
   ConcurrentGroup(int tp_, int64_t cap, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
