@@ -118,7 +118,9 @@ void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, u
 
 void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, uint8_t* values, float* scales) {
   const int64_t groups = h / kFp8GroupElems, mp = fp8_group_scale_rows(m);
-  std::memset(scales, 0, static_cast<size_t>(fp8_group_scale_bytes(m, h)));
+  const int64_t bytes = fp8_group_scale_bytes(m, h);  // -1 outside its domain: nothing to write
+  if (bytes <= 0) return;
+  std::memset(scales, 0, static_cast<size_t>(bytes));
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const uint16_t* v = in + r * h + g * kFp8GroupElems;
