@@ -170,16 +170,27 @@ __device__ __forceinline__ void raise_fault(const ErrorSink& e, int waited_for) 
         .compare_exchange_strong(expected, w, cuda::memory_order_relaxed);
   }
 }
+// This protocol's state marked: none of its later kernels on this rank publishes (I12b).
+__device__ __forceinline__ void mark_faulted(const WaitSite& site) {
+  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
+}
+// The error paths, not inlined: their registers stay out of the hot loops around them (inlined,
+// they made the streaming finalize publishers spill). Arguments by value: no address of a
+// kernel parameter escapes (that would copy it to local memory at the kernel's start).
+//
 // A fault seen here: recorded on this rank (the timeout record: fatal), naming the rank that
 // timed out and the one it waited for. Where this rank timed out itself, its kWaitTimeout record
 // stands already (the first record of its kind wins).
-// Not inlined, like the timeout below: the error paths' registers stay out of the hot loops
-// around them (inlined, they made the streaming finalize publishers spill).
-static __device__ __noinline__ void record_fault(const ErrorSink e, uint32_t f, const WaitSite site) {  // by value: no
-  // address of a kernel parameter escapes (that would copy it to local memory at the kernel's start)
+static __device__ __noinline__ void record_fault(const ErrorSink e, uint32_t f, const WaitSite site) {
   record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row,
                fault_waited_for(f), call_of(site));
-  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
+  mark_faulted(site);
+}
+// A wait's budget expired: recorded, and the fault raised in every rank's word.
+static __device__ __noinline__ void record_timeout(const ErrorSink e, const WaitSite site) {
+  record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, call_of(site));
+  raise_fault(e, site.peer);
+  mark_faulted(site);
 }
 // Whether this thread may store into peers' mailboxes: `stop` (this protocol's state says a
 // wait of it gave up, or the caller loaded a fault word that is set) is false. A publish that is
@@ -197,13 +208,6 @@ __device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t stop, c
 // the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
 // of the group was seen (recorded); the caller then stores nothing more into any mailbox and
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
-// A wait's budget expired: recorded, and the fault raised in every rank's word.
-static __device__ __noinline__ void record_timeout(const ErrorSink e, const WaitSite site) {
-  record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, call_of(site));
-  raise_fault(e, site.peer);
-  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
-}
-
 template <class Lanes>
 __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e,
                                           const WaitSite& site) {
