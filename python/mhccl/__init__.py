@@ -1,7 +1,7 @@
 """mhccl: fused tensor-parallel collectives for mHC models (DeepSeek V4.1 decode).
 
 Lamport all-reduce fused with the mHC post-mix, the collapse with the carried pre-mix, RMSNorm and
-an optional MXFP8 layer input (``AllReduceMHC``, also with the MoE finalize folded into its
+an optional MXFP8 or per-token-group FP8 layer input (``AllReduceMHC``, also with the MoE finalize folded into its
 publish), and a Lamport all-gather (``LamportAllGather``), over the NVLink GPUs of one node.
 The interface is the one of the DSV4.1 engine modules these replace: change the import.
 
@@ -9,11 +9,13 @@ The interface is the one of the DSV4.1 engine modules these replace: change the 
 CUDA devices, and ``torch.distributed`` for the collective construction).
 """
 
-from ._api import AllReduceMHC, LamportAllGather, mxfp8_scale_bytes
+from ._api import (AllReduceMHC, LamportAllGather, empty_fp8_group_scales, fp8_group_scale_bytes,
+                   fp8_group_scale_rows, fp8_group_scales_view, mxfp8_scale_bytes)
 
 try:
     from ._version import __version__  # written by the build from CMakeLists.txt's project()
 except ImportError:  # the source tree, never built
     __version__ = "0+unknown"
 
-__all__ = ["AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes"]
+__all__ = ["AllReduceMHC", "LamportAllGather", "empty_fp8_group_scales", "fp8_group_scale_bytes",
+           "fp8_group_scale_rows", "fp8_group_scales_view", "mxfp8_scale_bytes"]

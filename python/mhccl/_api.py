@@ -111,6 +111,126 @@ def mxfp8_scale_bytes(m: int, hidden: int) -> int:
     return n
 
 
+_FP8_GROUP = 128  # elements a per-token FP8 group (one FP32 scale)
+_FP8_MAX_BYTES = 2**62  # the domain of the C++ fp8_group_scale_bytes (mhccl/fp8_groups.h)
+
+
+def fp8_group_scale_rows(m: int) -> int:
+    """Rows of each column of the per-token-group FP8 scales: Mp = ceil(m / 4) * 4 (16-byte
+    aligned columns, DeepGEMM's TMA alignment).
+
+    Args:
+        m: rows, an int in [0, 2**62].
+
+    Raises:
+        TypeError: ``m`` is not an int (bool and float are refused).
+        ValueError: out of range (where the C++ ``fp8_group_scale_rows`` returns -1).
+    """
+    m = _int_arg("m", m, 0, 2**62)
+    return (m + 3) // 4 * 4
+
+
+def fp8_group_scale_bytes(m: int, hidden: int) -> int:
+    """Bytes of the FP32 per-token-group FP8 scales of an [m, hidden] tensor, in DeepGEMM's
+    MN-major TMA-aligned layout (scale(r, g) at float offset g * Mp + r, padding rows 0):
+    4 * Mp * G, Mp = ``fp8_group_scale_rows(m)``, G = hidden / 128.
+
+    Args:
+        m: rows, an int >= 0.
+        hidden: elements a row, a positive multiple of 128.
+
+    Raises:
+        TypeError: ``m`` or ``hidden`` is not an int (bool and float are refused).
+        ValueError: out of range, or a result beyond 2**62 (where the C++
+            ``fp8_group_scale_bytes`` of ``mhccl/fp8_groups.h`` returns -1).
+    """
+    m = _int_arg("m", m, 0)
+    hidden = _int_arg("hidden", hidden, 1)
+    if hidden % _FP8_GROUP:
+        raise ValueError(f"hidden: expected a positive multiple of 128, got {hidden}")
+    n = 4 * ((m + 3) // 4 * 4) * (hidden // _FP8_GROUP)
+    if n > _FP8_MAX_BYTES:
+        raise ValueError(f"fp8_group_scale_bytes({m}, {hidden}): {n} bytes exceed 2**62")
+    return n
+
+
+def fp8_group_scales_view(scales, m: int, hidden: int):
+    """The MN-major [m, G] view (strides (1, Mp)) of per-token-group FP8 scales, the float32
+    tensor DeepGEMM's and vLLM's FP8 block-scaled GEMMs take (G = hidden / 128,
+    Mp = ``fp8_group_scale_rows(m)``).
+
+    Args:
+        scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
+            buffer), or that view already (returned as it is).
+        m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
+
+    Returns: ``scales.as_strided((m, G), (1, Mp))``, sharing its storage.
+
+    Raises:
+        TypeError: ``scales`` is not a tensor, or ``m`` / ``hidden`` not ints.
+        ValueError: a dtype other than float32, a wrong element count, a non-contiguous tensor
+            other than the view, or ``m`` / ``hidden`` out of range.
+    """
+    import torch
+
+    floats = fp8_group_scale_bytes(m, hidden) // 4
+    scales = _tensor_arg("scales", scales)
+    mp, groups = fp8_group_scale_rows(m), hidden // _FP8_GROUP
+    if scales.dtype != torch.float32:
+        raise ValueError(f"scales: expected dtype float32, got {scales.dtype}")
+    if _is_fp8_scales_view(scales, m, groups, mp):
+        return scales
+    if scales.numel() != floats or not scales.is_contiguous():
+        raise ValueError(f"scales: expected a contiguous tensor of {floats} float32 elements "
+                         f"(fp8_group_scale_rows({m}) * {groups}) or the view [{m}, {groups}] with "
+                         f"strides (1, {mp}), got shape {list(scales.shape)} with strides "
+                         f"{tuple(scales.stride())}")
+    return scales.as_strided((m, groups), (1, mp))
+
+
+def empty_fp8_group_scales(m: int, hidden: int, device: Any = None):
+    """Uninitialized per-token-group FP8 scales for an [m, hidden] layer input: the MN-major
+    [m, G] float32 view with strides (1, Mp) of a new buffer of Mp * G floats (what
+    ``fp8_out`` takes and the kernels fill, padding rows included, and what DeepGEMM reads).
+
+    Args:
+        m, hidden: as ``fp8_group_scale_bytes``.
+        device: any device torch.empty takes (e.g. "cuda:0"; None: torch's default device).
+
+    Raises: as ``fp8_group_scale_bytes``.
+    """
+    import torch
+
+    floats = fp8_group_scale_bytes(m, hidden) // 4
+    buf = torch.empty((floats,), dtype=torch.float32, device=device)
+    return buf.as_strided((m, hidden // _FP8_GROUP), (1, fp8_group_scale_rows(m)))
+
+
+def _is_fp8_scales_view(t, m, groups, mp) -> bool:
+    """Whether ``t`` is the MN-major [m, G] view with strides (1, Mp) (a stride of a dimension
+    of size 1 does not matter, as in the C++ check)."""
+    return (t.dim() == 2 and tuple(t.shape) == (m, groups) and (m == 1 or t.stride(0) == 1)
+            and (groups == 1 or t.stride(1) == mp))
+
+
+def _check_fp8_scale_storage(scales, m, hidden) -> None:
+    """The kernels write all Mp * G floats of the scales, the padding rows too: an [M, G] view
+    must sit over storage that holds them (which the C++ check cannot see through DLPack)."""
+    import torch
+
+    if scales is None or scales.dtype != torch.float32 or hidden % _FP8_GROUP:
+        return  # the C++ checks name what is wrong
+    mp, groups = (m + 3) // 4 * 4, hidden // _FP8_GROUP
+    if not _is_fp8_scales_view(scales, m, groups, mp):
+        return  # a flat tensor: the C++ check counts its elements
+    held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
+    if held < mp * groups:
+        raise ValueError(f"fp8 scales: the view [{m}, {groups}] with strides (1, {mp}) must lie over "
+                         f"{mp * groups} floats (fp8_group_scale_rows({m}) * {groups}: the kernels "
+                         f"write the padding rows too), its storage holds {held} from its offset "
+                         "(allocate with mhccl.empty_fp8_group_scales)")
+
+
 def _device_index(device: Any) -> int:
     """The CUDA device number of an int, a torch.device('cuda[:N]') or a 'cuda[:N]' string."""
     bad = ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
@@ -263,7 +383,8 @@ def _mix_count_error(name, t, shape):
 
 
 class AllReduceMHC:
-    """Lamport TP all-reduce fused with mHC post-mix, collapse, RMSNorm (and MXFP8).
+    """Lamport TP all-reduce fused with mHC post-mix, collapse, RMSNorm (and MXFP8 or
+    per-token-group FP8).
 
     ``__call__`` reduces ``x`` across the TP group (FP32, rank order, one BF16 rounding), writes
     the post-mixed hc streams and the normalized collapse of them with the carried pre-mix
@@ -273,13 +394,20 @@ class AllReduceMHC:
     every rank, the same arguments.
 
     Args:
-        hidden_size: H, a multiple of 8 (of 32 with ``quantize_layer_input``), at most 32768.
+        hidden_size: H, a multiple of 8 (of 32 with ``quantize_layer_input``, of 128 with
+            ``quantize_layer_input_fp8``), at most 32768.
         hc_mult: hc, the number of mHC residual streams: 1, 2, 4 or 8.
         max_num_tokens: the most rows (tokens) of a call.
         top_k: routes per token of ``finalize``, 1..16.
         device: the CUDA device of this rank (an int, ``torch.device("cuda", N)`` or "cuda:N").
         quantize_layer_input: accept ``mxfp8_out`` buffers (MXFP8 copy of the layer input).
         residual_only: accept ``pre`` and ``norm_weight`` of None (write the streams only).
+        quantize_layer_input_fp8: accept ``fp8_out`` buffers (per-token-group FP8 copy of the
+            layer input: groups of 128, FP32 scales in DeepGEMM's MN-major TMA-aligned layout,
+            for Hopper's FP8 block-scaled GEMMs). Not together with ``quantize_layer_input``.
+        fp8_ue8m0_scales: with ``quantize_layer_input_fp8``, power-of-two scales
+            (s = 2^ceil(log2(s)), the UE8M0 rule of DeepGEMM's newer recipes and vLLM's
+            ``use_ue8m0``).
         group: the torch.distributed process group of the TP ranks. None (the default): the
             engine's TP group when vLLM's parallel state is initialized in this process
             (``vllm.distributed.get_tp_group().device_group``, as the reference module uses),
@@ -306,7 +434,8 @@ class AllReduceMHC:
                  device: Any, quantize_layer_input: bool = False, residual_only: bool = False,
                  group: Any = None, two_shot_min_rows: int = 0,
                  two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
-                 nccl_min_finalize_rows: int = 0) -> None:
+                 nccl_min_finalize_rows: int = 0, quantize_layer_input_fp8: bool = False,
+                 fp8_ue8m0_scales: bool = False) -> None:
         int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
         hidden_size = _int_arg("hidden_size", hidden_size)
         hc_mult = _int_arg("hc_mult", hc_mult, **int32)
@@ -314,6 +443,10 @@ class AllReduceMHC:
         top_k = _int_arg("top_k", top_k, **int32)
         quantize_layer_input = _bool_arg("quantize_layer_input", quantize_layer_input)
         residual_only = _bool_arg("residual_only", residual_only)
+        quantize_layer_input_fp8 = _bool_arg("quantize_layer_input_fp8", quantize_layer_input_fp8)
+        fp8_ue8m0_scales = _bool_arg("fp8_ue8m0_scales", fp8_ue8m0_scales)
+        fp8 = dict(quantize_layer_input_fp8=quantize_layer_input_fp8,
+                   fp8_ue8m0_scales=fp8_ue8m0_scales)
         thresholds = [_int_arg(n, v) for n, v in (
             ("two_shot_min_rows", two_shot_min_rows),
             ("two_shot_min_finalize_rows", two_shot_min_finalize_rows),
@@ -321,17 +454,19 @@ class AllReduceMHC:
         lib = _lib()
         _, tp, _ = _group_layout(group)
         lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                         residual_only, tp, *thresholds)
+                         residual_only, tp, *thresholds, **fp8)
         self.hidden_size = hidden_size
         self.hc_mult = hc_mult
         self.capacity = max_num_tokens
         self.top_k = top_k
         self.quantize_layer_input = quantize_layer_input
         self.residual_only = residual_only
+        self.quantize_layer_input_fp8 = quantize_layer_input_fp8
+        self.fp8_ue8m0_scales = fp8_ue8m0_scales
         self._device = _device_index(device)
         self._comm = _communicator(group, self._device)
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
-                                    quantize_layer_input, residual_only, *thresholds)
+                                    quantize_layer_input, residual_only, *thresholds, **fp8)
         # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
         # NCCL fallback) and for a threshold a call can reach.
         bt_built = self._comm.tp > 1 and self._comm.peers_reachable
@@ -346,10 +481,11 @@ class AllReduceMHC:
     # The checks and the outputs of a call, in Python where the reference module's interface is
     # wider than the C++ API's (mixes by element count, inputs of any strides); every other check
     # is the C++ one, run before the first launch.
-    def _outputs(self, m, residual, pre, residual_out, layer_input, mxfp8_out):
+    def _outputs(self, m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out):
         import torch
 
         values, scales = _pair_arg("mxfp8_out", mxfp8_out)
+        fp8_values, fp8_scales = _pair_arg("fp8_out", fp8_out)
         residual_out = _tensor_arg("residual_out", residual_out, optional=True)
         layer_input = _tensor_arg("layer_input", layer_input, optional=True)
         if residual_out is None:
@@ -358,7 +494,7 @@ class AllReduceMHC:
         if layer_input is None and pre is not None:
             layer_input = torch.empty((m, self.hidden_size), dtype=torch.bfloat16,
                                       device=residual.device)
-        return residual_out, layer_input, values, scales
+        return residual_out, layer_input, values, scales, fp8_values, fp8_scales
 
     def _epilogue_inputs(self, m, residual, post, comb, pre, norm_weight, norm_eps):
         residual = _tensor_arg("residual", residual)
@@ -381,27 +517,32 @@ class AllReduceMHC:
                 _packed(norm_weight))
 
     def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
-                     layer_input, values, scales):
+                     layer_input, values, scales, fp8_values=None, fp8_scales=None):
         m = x.shape[0]
+        _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.call(_packed(x), *ins, eps, residual_out, layer_input, _bytes_view(values),
-                      _bytes_view(scales), _stream(self._device), protocol)
+                      _bytes_view(scales), _bytes_view(fp8_values), fp8_scales,
+                      _stream(self._device), protocol)
 
     def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                          shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
-                         residual_out, layer_input, values, scales):
+                         residual_out, layer_input, values, scales, fp8_values=None,
+                         fp8_scales=None):
         m, k = shared_output.shape[0], self.top_k
+        _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.finalize(_packed(gemm2_permuted),
                           _packed(_by_count(expert_weights, (m, k))),
                           _packed(_by_count(expanded_idx_to_permuted_idx, (m, k))),
                           _packed(shared_output), *ins, eps, residual_out, layer_input,
-                          _bytes_view(values), _bytes_view(scales), _stream(self._device),
-                          protocol)
+                          _bytes_view(values), _bytes_view(scales), _bytes_view(fp8_values),
+                          fp8_scales, _stream(self._device), protocol)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None):
+                 residual_out=None, layer_input=None,
+                 fp8_out: Optional[Tuple[Any, Any]] = None):
         """Return (post-mixed residual streams, normalized layer input).
 
         Args:
@@ -421,6 +562,15 @@ class AllReduceMHC:
             residual_out: optional [M, hc, H] BF16 output of the streams (may be ``residual``
                 itself: an in-place update).
             layer_input: optional [M, H] BF16 output of the layer input.
+            fp8_out: optional (values, scales) that also receive the layer input as
+                per-token-group FP8 (built with ``quantize_layer_input_fp8``; not with
+                ``mxfp8_out``): values [M, H] float8_e4m3fn or uint8, E4M3(layer_input / s) of
+                each group of 128 elements; scales float32, s = max(amax, 1e-10) / 448 (a power of
+                two with ``fp8_ue8m0_scales``), either the MN-major [M, G] view with strides
+                (1, Mp) over a buffer of Mp * G floats (``mhccl.empty_fp8_group_scales``; DeepGEMM's
+                layout) or a contiguous tensor of Mp * G floats (``fp8_group_scales_view`` gives
+                the view of it); G = H / 128, Mp = ``fp8_group_scale_rows(M)``, padding rows
+                written 0. Both 16-byte aligned.
 
         Inputs of any strides or alignment are accepted (copied first when not contiguous and
         16-byte aligned), and mixes by element count, as the reference module does. Stricter than
@@ -446,20 +596,21 @@ class AllReduceMHC:
             m, residual, post, comb, pre, norm_weight, norm_eps)
         protocol = _str_arg("protocol", protocol)
         ops = _torch_ops()
-        if residual_out is None and layer_input is None and mxfp8_out is None:
+        if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
             outs = ops.all_reduce_mhc(self._handle, x, residual, post, comb, pre, norm_weight, eps,
-                                      protocol, False)
+                                      protocol, False, False)
             return outs[0], (outs[1] if pre is not None else None)
-        res_out, li, values, scales = self._outputs(m, residual, pre, residual_out, layer_input,
-                                                    mxfp8_out)
+        res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
+            m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
         ops.all_reduce_mhc_out(self._handle, x, residual, post, comb, pre, norm_weight, eps,
-                               protocol, res_out, li, values, scales)
+                               protocol, res_out, li, values, scales, fp8_values, fp8_scales)
         return res_out, li
 
     def finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
                  residual, post, comb, pre, norm_weight, norm_eps: float,
                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None):
+                 residual_out=None, layer_input=None,
+                 fp8_out: Optional[Tuple[Any, Any]] = None):
         """``__call__`` for a MoE output left unfinalized: this rank's x is
         ``bf16(sum over valid routes of weight * gemm2 row + shared_output)`` (the shared expert
         added last, one rounding).
@@ -473,7 +624,7 @@ class AllReduceMHC:
                 reference module would read out of bounds).
             shared_output: [M, H] BF16 TP-partial shared-expert output; M is its rows.
             residual, post, comb, pre, norm_weight, norm_eps, mxfp8_out, protocol, residual_out,
-            layer_input: as ``__call__``.
+            layer_input, fp8_out: as ``__call__``.
 
         Returns and raises as ``__call__``.
         """
@@ -490,16 +641,17 @@ class AllReduceMHC:
             m, residual, post, comb, pre, norm_weight, norm_eps)
         protocol = _str_arg("protocol", protocol)
         ops = _torch_ops()
-        if residual_out is None and layer_input is None and mxfp8_out is None:
+        if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
             outs = ops.all_reduce_mhc_finalize(self._handle, gemm2_permuted, expert_weights, idx,
                                                shared_output, residual, post, comb, pre,
-                                               norm_weight, eps, protocol, False)
+                                               norm_weight, eps, protocol, False, False)
             return outs[0], (outs[1] if pre is not None else None)
-        res_out, li, values, scales = self._outputs(m, residual, pre, residual_out, layer_input,
-                                                    mxfp8_out)
+        res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
+            m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
         ops.all_reduce_mhc_finalize_out(self._handle, gemm2_permuted, expert_weights, idx,
                                         shared_output, residual, post, comb, pre, norm_weight,
-                                        eps, protocol, res_out, li, values, scales)
+                                        eps, protocol, res_out, li, values, scales, fp8_values,
+                                        fp8_scales)
         return res_out, li
 
     def protocol_for(self, m: int, finalize: bool = False) -> str:

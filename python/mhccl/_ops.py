@@ -10,9 +10,10 @@ The ops, each a functional form (new outputs) and a mutating out-variant (``muta
 outputs the caller owns, which may include ``residual_out`` being ``residual``):
 
     mhccl::all_reduce_mhc(handle, x, residual, post, comb, pre?, norm_weight?, eps,
-                          protocol="auto", with_mxfp8=False) -> Tensor[]
+                          protocol="auto", with_mxfp8=False, with_fp8=False) -> Tensor[]
     mhccl::all_reduce_mhc_out(handle, x, residual, post, comb, pre?, norm_weight?, eps, protocol,
-                              residual_out!, layer_input!?, mxfp8_values!?, mxfp8_scales!?) -> ()
+                              residual_out!, layer_input!?, mxfp8_values!?, mxfp8_scales!?,
+                              fp8_values!?, fp8_scales!?) -> ()
     mhccl::all_reduce_mhc_finalize(handle, gemm2_permuted, expert_weights,
                                    expanded_idx_to_permuted_idx, shared_output, <as above>)
     mhccl::all_reduce_mhc_finalize_out(handle, gemm2_permuted, ..., <as above>)
@@ -20,12 +21,14 @@ outputs the caller owns, which may include ``residual_out`` being ``residual``):
     mhccl::all_gather_out(handle, inp, out!) -> ()
 
 A functional form returns [residual_out, layer_input (unless pre is None), mxfp8 values and
-scales (with_mxfp8)], in that order; an out-variant takes None for an output not wanted (the
-C++ checks say which the call needs). Room for more outputs: a new
-pair (e.g. ``fp8_out``, per-token-group FP8) goes at the end of both forms: two optional mutable
-arguments ``Tensor(e!)? fp8_values, Tensor(f!)? fp8_scales`` in the out-variant (no default, as
-for the MXFP8 pair: see ``outs_mut``) and a trailing ``bool with_fp8=False`` flag in the
-functional form, whose two outputs follow the MXFP8 pair's.
+scales (with_mxfp8), fp8 values and scales (with_fp8)], in that order; an out-variant takes None
+for an output not wanted (the C++ checks say which the call needs, and refuse both quantized
+pairs at once). The functional form's fp8 outputs: values [M, H] float8_e4m3fn, scales the
+MN-major [M, G] float32 view with strides (1, Mp) over a buffer of Mp * G floats (G = H / 128,
+Mp = ceil(M / 4) * 4; ``mhccl.fp8_group_scales_view``), the tensor DeepGEMM takes; the fake
+implementations give the same shape and strides. A further output pair would go at the end of
+both forms in the same way (two optional mutable arguments without default, see ``outs_mut``,
+and a trailing bool flag).
 
 The implementations are registered for every device type, not only CUDA, so that a CPU tensor
 reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
@@ -45,6 +48,8 @@ _REGISTERED = False
 # MXFP8 outputs of the functional forms: E4M3 values, UE8M0 scale bytes as uint8 (every torch
 # version has it; float8_e8m0fnu only from 2.7).
 _MXFP8_BLOCK = 32
+# Per-token-group FP8 outputs: groups of 128 elements, FP32 scales in columns of Mp floats.
+_FP8_GROUP = 128
 
 
 def register_instance(obj) -> int:
@@ -72,6 +77,11 @@ def _scale_bytes(m, hidden):
     return 512 * ((m + 127) // 128) * ((hidden // _MXFP8_BLOCK + 3) // 4)
 
 
+def _fp8_scale_rows(m):
+    # fp8_group_scale_rows for fake tensors, where m may be symbolic.
+    return (m + 3) // 4 * 4
+
+
 def ensure_registered() -> None:
     """Define the mhccl torch ops once per process (imports torch)."""
     global _REGISTERED
@@ -89,7 +99,8 @@ def _define() -> None:
     from torch import Tensor
 
     bf16 = torch.bfloat16
-    epilogue_outputs = ("residual_out", "layer_input", "mxfp8_values", "mxfp8_scales")
+    epilogue_outputs = ("residual_out", "layer_input", "mxfp8_values", "mxfp8_scales",
+                        "fp8_values", "fp8_scales")
     # Schemas spelled out rather than inferred: the handle is an ``int`` (inference would make it
     # a SymInt, which Dynamo could turn symbolic, and a symbolic handle names no instance).
     epilogue = "Tensor residual, Tensor post, Tensor comb, Tensor? pre, Tensor? norm_weight, float eps"
@@ -97,14 +108,17 @@ def _define() -> None:
     # their default before it bumps the version counters of the mutated ones, and then indexes
     # past the end (IndexError, torch 2.11). Callers pass None for an output they do not want.
     outs_mut = ("Tensor(a!) residual_out, Tensor(b!)? layer_input, "
-                "Tensor(c!)? mxfp8_values, Tensor(d!)? mxfp8_scales")
+                "Tensor(c!)? mxfp8_values, Tensor(d!)? mxfp8_scales, "
+                "Tensor(e!)? fp8_values, Tensor(f!)? fp8_scales")
     call_in = f"int handle, Tensor x, {epilogue}"
     finalize_in = ("int handle, Tensor gemm2_permuted, Tensor expert_weights, "
                    f"Tensor expanded_idx_to_permuted_idx, Tensor shared_output, {epilogue}")
-    functional = 'str protocol="auto", bool with_mxfp8=False) -> Tensor[]'
+    functional = 'str protocol="auto", bool with_mxfp8=False, bool with_fp8=False) -> Tensor[]'
 
-    def new_outputs(op, m, device, has_pre, with_mxfp8, empty):
-        """The functional forms' outputs, real (torch.empty) and fake alike."""
+    def new_outputs(op, m, device, has_pre, with_mxfp8, with_fp8, empty):
+        """The functional forms' outputs, real (torch.empty) and fake alike. The fp8 scales: the
+        MN-major [M, G] view (strides (1, Mp)) of a buffer of Mp * G floats, whose padding rows
+        the kernels write."""
         h, hc = op.hidden_size, op.hc_mult
         outs = [empty((m, hc, h), dtype=bf16, device=device)]
         if has_pre:
@@ -112,13 +126,21 @@ def _define() -> None:
         if with_mxfp8:
             outs.append(empty((m, h), dtype=torch.float8_e4m3fn, device=device))
             outs.append(empty((_scale_bytes(m, h),), dtype=torch.uint8, device=device))
+        if with_fp8:
+            groups, mp = h // _FP8_GROUP, _fp8_scale_rows(m)
+            outs.append(empty((m, h), dtype=torch.float8_e4m3fn, device=device))
+            outs.append(empty((mp * groups,), dtype=torch.float32, device=device)
+                        .as_strided((m, groups), (1, mp)))
         return outs
 
-    def split(outs, has_pre, with_mxfp8):
+    def split(outs, has_pre, with_mxfp8, with_fp8):
         residual_out = outs[0]
         layer_input = outs[1] if has_pre else None
-        values, scales = (outs[-2], outs[-1]) if with_mxfp8 else (None, None)
-        return residual_out, layer_input, values, scales
+        first = 2 if has_pre else 1
+        values, scales = (outs[first], outs[first + 1]) if with_mxfp8 else (None, None)
+        first += 2 if with_mxfp8 else 0
+        fp8_values, fp8_scales = (outs[first], outs[first + 1]) if with_fp8 else (None, None)
+        return residual_out, layer_input, values, scales, fp8_values, fp8_scales
 
     # --- AllReduceMHC.__call__ ---------------------------------------------------------------
     @torch.library.custom_op("mhccl::all_reduce_mhc_out", mutates_args=epilogue_outputs,
@@ -126,32 +148,35 @@ def _define() -> None:
     def all_reduce_mhc_out(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
                            pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
                            protocol: str, residual_out: Tensor, layer_input: Optional[Tensor],
-                           mxfp8_values: Optional[Tensor],
-                           mxfp8_scales: Optional[Tensor]) -> None:
+                           mxfp8_values: Optional[Tensor], mxfp8_scales: Optional[Tensor],
+                           fp8_values: Optional[Tensor], fp8_scales: Optional[Tensor]) -> None:
         instance(handle)._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
-                                      residual_out, layer_input, mxfp8_values, mxfp8_scales)
+                                      residual_out, layer_input, mxfp8_values, mxfp8_scales,
+                                      fp8_values, fp8_scales)
 
     @all_reduce_mhc_out.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
-          layer_input, mxfp8_values, mxfp8_scales):
+          layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
                              schema=f"({call_in}, {functional}")
     def all_reduce_mhc(handle: int, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
                        pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
-                       protocol: str = "auto", with_mxfp8: bool = False) -> List[Tensor]:
+                       protocol: str = "auto", with_mxfp8: bool = False,
+                       with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
-        outs = new_outputs(op, x.shape[0], x.device, pre is not None, with_mxfp8, torch.empty)
+        outs = new_outputs(op, x.shape[0], x.device, pre is not None, with_mxfp8, with_fp8,
+                           torch.empty)
         op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
-                        *split(outs, pre is not None, with_mxfp8))
+                        *split(outs, pre is not None, with_mxfp8, with_fp8))
         return outs
 
     @all_reduce_mhc.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
-          with_mxfp8=False):
+          with_mxfp8=False, with_fp8=False):
         return new_outputs(instance(handle), x.shape[0], x.device, pre is not None, with_mxfp8,
-                           torch.empty)
+                           with_fp8, torch.empty)
 
     # --- AllReduceMHC.finalize ---------------------------------------------------------------
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize_out", mutates_args=epilogue_outputs,
@@ -163,16 +188,19 @@ def _define() -> None:
                                     eps: float, protocol: str, residual_out: Tensor,
                                     layer_input: Optional[Tensor],
                                     mxfp8_values: Optional[Tensor],
-                                    mxfp8_scales: Optional[Tensor]) -> None:
+                                    mxfp8_scales: Optional[Tensor],
+                                    fp8_values: Optional[Tensor],
+                                    fp8_scales: Optional[Tensor]) -> None:
         instance(handle)._launch_finalize(gemm2_permuted, expert_weights,
                                           expanded_idx_to_permuted_idx, shared_output, residual,
                                           post, comb, pre, norm_weight, eps, protocol,
-                                          residual_out, layer_input, mxfp8_values, mxfp8_scales)
+                                          residual_out, layer_input, mxfp8_values, mxfp8_scales,
+                                          fp8_values, fp8_scales)
 
     @all_reduce_mhc_finalize_out.register_fake
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
           residual, post, comb, pre, norm_weight, eps, protocol, residual_out, layer_input,
-          mxfp8_values, mxfp8_scales):
+          mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
@@ -181,20 +209,23 @@ def _define() -> None:
                                 expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
                                 residual: Tensor, post: Tensor, comb: Tensor,
                                 pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
-                                protocol: str = "auto", with_mxfp8: bool = False) -> List[Tensor]:
+                                protocol: str = "auto", with_mxfp8: bool = False,
+                                with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
         m = shared_output.shape[0]
-        outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, torch.empty)
+        outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, with_fp8,
+                           torch.empty)
         op._launch_finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                             shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
-                            *split(outs, pre is not None, with_mxfp8))
+                            *split(outs, pre is not None, with_mxfp8, with_fp8))
         return outs
 
     @all_reduce_mhc_finalize.register_fake
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-          residual, post, comb, pre, norm_weight, eps, protocol="auto", with_mxfp8=False):
+          residual, post, comb, pre, norm_weight, eps, protocol="auto", with_mxfp8=False,
+          with_fp8=False):
         return new_outputs(instance(handle), shared_output.shape[0], shared_output.device,
-                           pre is not None, with_mxfp8, torch.empty)
+                           pre is not None, with_mxfp8, with_fp8, torch.empty)
 
     # --- LamportAllGather --------------------------------------------------------------------
     def gathered(op, inp, empty):

@@ -18,6 +18,7 @@
 #include "mhccl/checks.h"
 #include "mhccl/communicator.h"
 #include "mhccl/error.h"
+#include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 
 namespace nb = nanobind;
@@ -81,7 +82,7 @@ mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t 
                                       int top_k, bool quantize, bool residual_only,
                                       int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
                                       int64_t nccl_min_rows, int64_t nccl_min_finalize_rows,
-                                      bool enable_pdl) {
+                                      bool enable_pdl, bool quantize_fp8, bool fp8_ue8m0) {
   mhccl::AllReduceMHCConfig c;
   c.hidden_size = hidden_size;
   c.hc_mult = hc_mult;
@@ -89,6 +90,8 @@ mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t 
   c.top_k = top_k;
   c.quantize_layer_input = quantize;
   c.residual_only = residual_only;
+  c.quantize_layer_input_fp8 = quantize_fp8;
+  c.fp8_ue8m0_scales = fp8_ue8m0;
   c.two_shot_min_rows = two_shot_min_rows;
   c.two_shot_min_finalize_rows = two_shot_min_finalize_rows;
   c.nccl_min_rows = nccl_min_rows;
@@ -100,7 +103,8 @@ mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t 
 mhccl::MHCEpilogueArgs epilogue(Views& v, const Array& residual, const Array& post, const Array& comb,
                                 const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
                                 const Array& residual_out, const MaybeArray& layer_input,
-                                const MaybeArray& values, const MaybeArray& scales) {
+                                const MaybeArray& values, const MaybeArray& scales,
+                                const MaybeArray& fp8_values, const MaybeArray& fp8_scales) {
   mhccl::MHCEpilogueArgs e;
   e.residual = v(residual);
   e.post = v(post);
@@ -112,6 +116,8 @@ mhccl::MHCEpilogueArgs epilogue(Views& v, const Array& residual, const Array& po
   e.layer_input = v(layer_input);
   e.mxfp8_values = v(values);
   e.mxfp8_scales = v(scales);
+  e.fp8_values = v(fp8_values);
+  e.fp8_scales = v(fp8_scales);
   return e;
 }
 
@@ -129,6 +135,10 @@ NB_MODULE(_mhccl, m) {
   });
 
   m.def("mxfp8_scale_bytes", &mhccl::mxfp8_scale_bytes, nb::arg("m"), nb::arg("hidden"));
+  // The C++ definitions (-1 out of range), for the tests to hold the Python twins against.
+  m.def("fp8_group_scale_bytes", [](int64_t m, int64_t hidden) { return mhccl::fp8_group_scale_bytes(m, hidden); },
+        nb::arg("m"), nb::arg("hidden"));
+  m.def("fp8_group_scale_rows", [](int64_t m) { return mhccl::fp8_group_scale_rows(m); }, nb::arg("m"));
 
   m.def("unique_id", [] {
     const ncclUniqueId id = mhccl::Communicator::make_unique_id();
@@ -165,11 +175,13 @@ NB_MODULE(_mhccl, m) {
                           int hc_mult, int64_t max_num_tokens, int top_k, bool quantize_layer_input,
                           bool residual_only, int64_t two_shot_min_rows,
                           int64_t two_shot_min_finalize_rows, int64_t nccl_min_rows,
-                          int64_t nccl_min_finalize_rows, bool enable_pdl) {
+                          int64_t nccl_min_finalize_rows, bool enable_pdl,
+                          bool quantize_layer_input_fp8, bool fp8_ue8m0_scales) {
              const auto cfg = make_config(hidden_size, hc_mult, max_num_tokens, top_k,
                                           quantize_layer_input, residual_only, two_shot_min_rows,
                                           two_shot_min_finalize_rows, nccl_min_rows,
-                                          nccl_min_finalize_rows, enable_pdl);
+                                          nccl_min_finalize_rows, enable_pdl,
+                                          quantize_layer_input_fp8, fp8_ue8m0_scales);
              nb::gil_scoped_release release;
              new (self) mhccl::AllReduceMHC(comm, cfg);
            },
@@ -177,29 +189,33 @@ NB_MODULE(_mhccl, m) {
            nb::arg("top_k"), nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false,
            nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
            nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0,
-           nb::arg("enable_pdl") = true, nb::keep_alive<1, 2>())
+           nb::arg("enable_pdl") = true, nb::arg("quantize_layer_input_fp8") = false,
+           nb::arg("fp8_ue8m0_scales") = false, nb::keep_alive<1, 2>())
       .def("call", [](mhccl::AllReduceMHC& op, const Array& x, const Array& residual, const Array& post,
                       const Array& comb, const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
                       const Array& residual_out, const MaybeArray& layer_input, const MaybeArray& values,
-                      const MaybeArray& scales, uintptr_t stream, const std::string& protocol) {
+                      const MaybeArray& scales, const MaybeArray& fp8_values,
+                      const MaybeArray& fp8_scales, uintptr_t stream, const std::string& protocol) {
              Views v;
              mhccl::AllReduceMHCCallArgs a;
              a.x = v(x);
              a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
-                                   layer_input, values, scales);
+                                   layer_input, values, scales, fp8_values, fp8_scales);
              a.protocol = parse_protocol(protocol);
              op.call(a, as_stream(stream));
            },
            nb::arg("x"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
            nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
            nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none(),
+           nb::arg("fp8_values").none(), nb::arg("fp8_scales").none(),
            nb::arg("stream"), nb::arg("protocol") = "auto")
       .def("finalize", [](mhccl::AllReduceMHC& op, const Array& gemm2, const Array& weights,
                           const Array& routes, const Array& shared, const Array& residual,
                           const Array& post, const Array& comb, const MaybeArray& pre,
                           const MaybeArray& norm_weight, double eps, const Array& residual_out,
                           const MaybeArray& layer_input, const MaybeArray& values,
-                          const MaybeArray& scales, uintptr_t stream, const std::string& protocol) {
+                          const MaybeArray& scales, const MaybeArray& fp8_values,
+                          const MaybeArray& fp8_scales, uintptr_t stream, const std::string& protocol) {
              Views v;
              mhccl::AllReduceMHCFinalizeArgs a;
              a.gemm2_permuted = v(gemm2);
@@ -207,7 +223,7 @@ NB_MODULE(_mhccl, m) {
              a.expanded_idx_to_permuted_idx = v(routes);
              a.shared_output = v(shared);
              a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
-                                   layer_input, values, scales);
+                                   layer_input, values, scales, fp8_values, fp8_scales);
              a.protocol = parse_protocol(protocol);
              op.finalize(a, as_stream(stream));
            },
@@ -215,6 +231,7 @@ NB_MODULE(_mhccl, m) {
            nb::arg("shared_output"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"),
            nb::arg("pre").none(), nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
            nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none(),
+           nb::arg("fp8_values").none(), nb::arg("fp8_scales").none(),
            nb::arg("stream"), nb::arg("protocol") = "auto")
       .def("protocol_for", [](const mhccl::AllReduceMHC& op, int64_t m, bool finalize) {
              return std::string(mhccl::protocol_name(op.protocol_for(m, finalize)));
@@ -240,33 +257,41 @@ NB_MODULE(_mhccl, m) {
   m.def("check_config", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
                            bool quantize_layer_input, bool residual_only, int tp,
                            int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
-                           int64_t nccl_min_rows, int64_t nccl_min_finalize_rows) {
+                           int64_t nccl_min_rows, int64_t nccl_min_finalize_rows,
+                           bool quantize_layer_input_fp8, bool fp8_ue8m0_scales) {
           mhccl::check_all_reduce_mhc_config(
               make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
                           residual_only, two_shot_min_rows, two_shot_min_finalize_rows,
-                          nccl_min_rows, nccl_min_finalize_rows, true), tp);
+                          nccl_min_rows, nccl_min_finalize_rows, true, quantize_layer_input_fp8,
+                          fp8_ue8m0_scales), tp);
         }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
         nb::arg("quantize_layer_input") = false, nb::arg("residual_only") = false, nb::arg("tp") = 1,
         nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
-        nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0);
+        nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0,
+        nb::arg("quantize_layer_input_fp8") = false, nb::arg("fp8_ue8m0_scales") = false);
   m.def("check_call", [](int64_t hidden_size, int hc_mult, int64_t max_num_tokens, int top_k,
                          bool quantize_layer_input, bool residual_only, int device, const Array& x,
                          const Array& residual, const Array& post, const Array& comb, const MaybeArray& pre,
                          const MaybeArray& norm_weight, double eps, const Array& residual_out,
-                         const MaybeArray& layer_input, const MaybeArray& values, const MaybeArray& scales) {
+                         const MaybeArray& layer_input, const MaybeArray& values, const MaybeArray& scales,
+                         const MaybeArray& fp8_values, const MaybeArray& fp8_scales,
+                         bool quantize_layer_input_fp8, bool fp8_ue8m0_scales) {
           Views v;
           mhccl::AllReduceMHCCallArgs a;
           a.x = v(x);
           a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
-                                layer_input, values, scales);
+                                layer_input, values, scales, fp8_values, fp8_scales);
           return mhccl::check_all_reduce_mhc_call(
               make_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                          residual_only, 0, 0, 0, 0, true), device, a);
+                          residual_only, 0, 0, 0, 0, true, quantize_layer_input_fp8,
+                          fp8_ue8m0_scales), device, a);
         }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("max_num_tokens"), nb::arg("top_k"),
         nb::arg("quantize_layer_input"), nb::arg("residual_only"), nb::arg("device"), nb::arg("x"),
         nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
         nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
-        nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none());
+        nb::arg("layer_input").none(), nb::arg("mxfp8_values").none(), nb::arg("mxfp8_scales").none(),
+        nb::arg("fp8_values").none() = nb::none(), nb::arg("fp8_scales").none() = nb::none(),
+        nb::arg("quantize_layer_input_fp8") = false, nb::arg("fp8_ue8m0_scales") = false);
   m.def("check_all_gather_config", &mhccl::check_all_gather_config, nb::arg("rank_capacity_bytes"));
   m.def("check_all_gather", [](int64_t capacity, int tp, int device, const Array& in, const Array& out) {
           mhccl::check_all_gather_config(capacity);

@@ -19,7 +19,9 @@ def test_import_needs_no_gpu_and_no_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]  # neither torch nor the extension is loaded
     assert mhccl.__version__
-    assert set(mhccl.__all__) == {"AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes"}
+    assert set(mhccl.__all__) == {"AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes",
+                                  "fp8_group_scale_bytes", "fp8_group_scale_rows",
+                                  "fp8_group_scales_view", "empty_fp8_group_scales"}
 
 
 @pytest.mark.parametrize("m,h,want", [(1, 5120, 512 * 1 * 40), (300, 5120, 512 * 3 * 40),
@@ -59,6 +61,47 @@ def test_mxfp8_scale_bytes_range():
         mhccl.mxfp8_scale_bytes(top + 1, 32)
 
 
+@pytest.mark.parametrize("m,rows", [(0, 0), (1, 4), (3, 4), (4, 4), (5, 8), (129, 132), (1024, 1024)])
+def test_fp8_group_scale_rows(m, rows):
+    assert mhccl.fp8_group_scale_rows(m) == rows
+    assert _api._lib().fp8_group_scale_rows(m) == rows  # the C++ definition agrees
+
+
+@pytest.mark.parametrize("m,h,want", [(1, 5120, 4 * 4 * 40), (3, 7168, 4 * 4 * 56), (5, 4096, 4 * 8 * 32),
+                                      (129, 128, 4 * 132), (1024, 5120, 4 * 1024 * 40), (0, 128, 0)])
+def test_fp8_group_scale_bytes(m, h, want):
+    assert mhccl.fp8_group_scale_bytes(m, h) == want
+    assert _api._lib().fp8_group_scale_bytes(m, h) == want
+
+
+def test_fp8_group_scale_bytes_argument_checks():
+    with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128, got 5152"):
+        mhccl.fp8_group_scale_bytes(4, 5152)  # a multiple of 32, not of 128
+    assert _api._lib().fp8_group_scale_bytes(4, 5152) == -1
+    with pytest.raises(ValueError, match=r"^hidden: expected an int in \[1, "):
+        mhccl.fp8_group_scale_bytes(4, 0)
+    with pytest.raises(ValueError, match=r"^m: expected an int in \[0, "):
+        mhccl.fp8_group_scale_bytes(-1, 5120)
+    with pytest.raises(ValueError, match=r"^m: expected an int in \[0, 4611686018427387904\]"):
+        mhccl.fp8_group_scale_rows(2**62 + 1)
+    assert _api._lib().fp8_group_scale_rows(2**62 + 1) == -1
+    assert mhccl.fp8_group_scale_rows(np.int64(5)) == 8  # __index__ ints
+    for m, h, name in [(1.5, 5120, "m"), (True, 5120, "m"), ("4", 5120, "m"), (4, 5120.0, "hidden"),
+                       (4, False, "hidden")]:
+        with pytest.raises(TypeError, match=f"^{name}: expected an int"):
+            mhccl.fp8_group_scale_bytes(m, h)
+    with pytest.raises(TypeError, match="^m: expected an int"):
+        mhccl.fp8_group_scale_rows(4.0)
+    # The C++ domain ends at 2**62 bytes: the largest M that fits at H = 128 (G = 1) and one past.
+    top = 2**60
+    assert mhccl.fp8_group_scale_bytes(top, 128) == 2**62 == _api._lib().fp8_group_scale_bytes(top, 128)
+    with pytest.raises(ValueError, match=r"exceed 2\*\*62"):
+        mhccl.fp8_group_scale_bytes(top + 1, 128)
+    assert _api._lib().fp8_group_scale_bytes(top + 1, 128) == -1
+    with pytest.raises(ValueError, match=r"exceed 2\*\*62"):
+        mhccl.fp8_group_scale_bytes(2**62, 5120)
+
+
 @pytest.mark.parametrize("kwargs,name,want", [
     (dict(hidden_size=5120.0), "hidden_size", "an int"),
     (dict(hc_mult="4"), "hc_mult", "an int"),
@@ -66,6 +109,8 @@ def test_mxfp8_scale_bytes_range():
     (dict(top_k=6.0), "top_k", "an int"),
     (dict(quantize_layer_input=1), "quantize_layer_input", "a bool"),
     (dict(residual_only="yes"), "residual_only", "a bool"),
+    (dict(quantize_layer_input_fp8=1), "quantize_layer_input_fp8", "a bool"),
+    (dict(quantize_layer_input_fp8=True, fp8_ue8m0_scales=None), "fp8_ue8m0_scales", "a bool"),
     (dict(two_shot_min_rows=1.5), "two_shot_min_rows", "an int"),
     (dict(nccl_min_finalize_rows=True), "nccl_min_finalize_rows", "an int"),
 ])
@@ -90,6 +135,10 @@ def test_config_ints_beyond_the_cpp_types_are_value_errors():
     (dict(hidden_size=5124), "hidden_size: expected a positive multiple of 8"),
     (dict(hidden_size=5128, quantize_layer_input=True), "multiple of 32"),
     (dict(hc_mult=3), "hc_mult: expected 1, 2, 4 or 8"),
+    (dict(hidden_size=5152, quantize_layer_input_fp8=True), "quantize_layer_input_fp8 needs a multiple of 128"),
+    (dict(quantize_layer_input=True, quantize_layer_input_fp8=True),
+     "quantize_layer_input and quantize_layer_input_fp8: expected at most one quantized"),
+    (dict(fp8_ue8m0_scales=True), "fp8_ue8m0_scales: .* needs quantize_layer_input_fp8=true"),
     (dict(top_k=17), "top_k: expected 1..16"),
     (dict(max_num_tokens=0), "max_num_tokens"),
     (dict(two_shot_min_rows=-1), "two_shot_min_rows"),

@@ -127,13 +127,14 @@ def test_ops_are_registered_with_their_mutations():
         s = schema[name]
         assert s.startswith(f"mhccl::{name}(int handle, "), s  # an int, never a SymInt
         assert "Tensor(a!) residual_out" in s, s
-        for out in ("layer_input", "mxfp8_values", "mxfp8_scales"):
+        for out in ("layer_input", "mxfp8_values", "mxfp8_scales", "fp8_values", "fp8_scales"):
             assert f"!)? {out}," in s or f"!)? {out})" in s, s
-        assert "-> ()" in s
+        assert s.endswith("Tensor(e!)? fp8_values, Tensor(f!)? fp8_scales) -> ()"), s  # the pair last
         assert "Tensor residual," in s  # residual itself is read only (an in-place call aliases it)
     assert "!) out" in schema["all_gather_out"]
     assert schema["all_reduce_mhc"].endswith("-> Tensor[]")
-    assert "bool with_mxfp8=False" in schema["all_reduce_mhc"]
+    for name in ("all_reduce_mhc", "all_reduce_mhc_finalize"):
+        assert schema[name].endswith("bool with_mxfp8=False, bool with_fp8=False) -> Tensor[]"), schema[name]
     assert schema["all_gather"] == "mhccl::all_gather(int handle, Tensor inp) -> Tensor"
 
 
@@ -165,7 +166,7 @@ def _call_inputs(m, device, finalize, variant):
 
 def _functional(h, lead, t, finalize, variant):
     args = (*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6,
-            "auto", variant == "mxfp8")
+            "auto", variant == "mxfp8", variant == "fp8")
     op = torch.ops.mhccl.all_reduce_mhc_finalize if finalize else torch.ops.mhccl.all_reduce_mhc
     return op(h, *args)
 
@@ -176,10 +177,20 @@ def _expected_shapes(m, variant):
         want.append(((m, H), torch.bfloat16))
     if variant == "mxfp8":
         want += [((m, H), torch.float8_e4m3fn), ((mhccl.mxfp8_scale_bytes(m, H),), torch.uint8)]
+    if variant == "fp8":
+        want += [((m, H), torch.float8_e4m3fn), ((m, H // 128), torch.float32)]
     return want
 
 
-VARIANTS = [(f, v) for f in (False, True) for v in ("plain", "mxfp8", "residual")]
+def _fp8_scales_ok(scales, m):
+    """The functional form's fp8 scales: the MN-major [M, G] view (strides (1, Mp)) of a buffer
+    of Mp * G floats."""
+    mp, g = mhccl.fp8_group_scale_rows(m), H // 128
+    return (tuple(scales.shape) == (m, g) and scales.stride() == (1, mp)
+            and scales.untyped_storage().nbytes() == 4 * mp * g)
+
+
+VARIANTS = [(f, v) for f in (False, True) for v in ("plain", "mxfp8", "fp8", "residual")]
 
 
 @pytest.mark.parametrize("finalize,variant", VARIANTS)
@@ -188,7 +199,11 @@ def test_fake_functional_forms_on_meta(handle, finalize, variant, m):
     lead, t = _call_inputs(m, "meta", finalize, variant)
     outs = _functional(handle[0], lead, t, finalize, variant)
     assert [(tuple(o.shape), o.dtype) for o in outs] == _expected_shapes(m, variant)
-    assert all(o.device.type == "meta" and o.is_contiguous() for o in outs)
+    assert all(o.device.type == "meta" for o in outs)
+    if variant == "fp8":
+        assert _fp8_scales_ok(outs[-1], m), (outs[-1].shape, outs[-1].stride())
+        outs = outs[:-1]
+    assert all(o.is_contiguous() for o in outs)
 
 
 @pytest.mark.parametrize("finalize,variant", VARIANTS)
@@ -200,17 +215,22 @@ def test_fake_functional_forms_under_fake_tensor_mode(handle, finalize, variant)
         outs = _functional(handle[0], lead, t, finalize, variant)
     assert all(mode.is_our_fake(o) if hasattr(mode, "is_our_fake") else True for o in outs)
     assert [(tuple(o.shape), o.dtype) for o in outs] == _expected_shapes(7, variant)
+    if variant == "fp8":
+        assert _fp8_scales_ok(outs[-1], 7)
 
 
 def _out_args(h, lead, t, finalize, variant, m, device):
     bf = torch.bfloat16
     outs = dict(residual_out=torch.zeros(m, HC, H, dtype=bf, device=device), layer_input=None,
-                mxfp8_values=None, mxfp8_scales=None)
+                mxfp8_values=None, mxfp8_scales=None, fp8_values=None, fp8_scales=None)
     if variant != "residual":
         outs["layer_input"] = torch.zeros(m, H, dtype=bf, device=device)
     if variant == "mxfp8":
         outs["mxfp8_values"] = torch.zeros(m, H, dtype=torch.float8_e4m3fn, device=device)
         outs["mxfp8_scales"] = torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.uint8, device=device)
+    if variant == "fp8":
+        outs["fp8_values"] = torch.zeros(m, H, dtype=torch.float8_e4m3fn, device=device)
+        outs["fp8_scales"] = mhccl.empty_fp8_group_scales(m, H, device).zero_()
     args = (h, *lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6, "auto")
     return args, outs
 
@@ -225,7 +245,7 @@ def test_opcheck_on_meta(handle, finalize, variant):
     name = "all_reduce_mhc_finalize" if finalize else "all_reduce_mhc"
     torch.library.opcheck(getattr(torch.ops.mhccl, name),
                           (handle[0], *lead.values(), t["residual"], t["post"], t["comb"], t["pre"],
-                           t["norm_weight"], 1e-6, "auto", variant == "mxfp8"))
+                           t["norm_weight"], 1e-6, "auto", variant == "mxfp8", variant == "fp8"))
     args, outs = _out_args(handle[0], lead, t, finalize, variant, m, "meta")
     torch.library.opcheck(getattr(torch.ops.mhccl, name + "_out"), args, outs)
 
@@ -262,6 +282,7 @@ def test_class_calls_trace_with_fullgraph(finalize, variant, form):
     lead, t = _call_inputs(m, "meta", finalize, variant)
     _, outs = _out_args(op._handle, lead, t, finalize, variant, m, "meta")
     mx = (outs["mxfp8_values"], outs["mxfp8_scales"]) if variant == "mxfp8" else None
+    fp8 = (outs["fp8_values"], outs["fp8_scales"]) if variant == "fp8" else None
     kw = {}
     if form != "new":  # caller-owned outputs; "inplace": residual_out is residual
         kw = dict(residual_out=t["residual"] if form == "inplace" else outs["residual_out"],
@@ -270,7 +291,7 @@ def test_class_calls_trace_with_fullgraph(finalize, variant, form):
     def step(lead, t):
         fn = op.finalize if finalize else op
         res, li = fn(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"],
-                     1e-6, mxfp8_out=mx, **kw)
+                     1e-6, mxfp8_out=mx, fp8_out=fp8, **kw)
         return res, li
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
@@ -301,9 +322,10 @@ def test_cpu_tensors_reach_the_cpp_checks():
 
     class CheckOnly:  # the C++ op's call, as far as its argument checks go (no GPU here)
         def call(self, x, residual, post, comb, pre, norm_weight, eps, residual_out, layer_input,
-                 values, scales, stream, protocol):
+                 values, scales, fp8_values, fp8_scales, stream, protocol):
             lib.check_call(H, HC, 64, TOP_K, False, False, 0, x, residual, post, comb, pre,
-                           norm_weight, eps, residual_out, layer_input, values, scales)
+                           norm_weight, eps, residual_out, layer_input, values, scales,
+                           fp8_values, fp8_scales)
 
     op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
                         _op=CheckOnly(), _device=0)
@@ -328,6 +350,10 @@ def test_wrong_types_in_calls_are_type_errors():
         op(args[0], args[1], args[2], [[0.0]], *args[4:], 1e-6)
     with pytest.raises(TypeError, match=r"^mxfp8_out: expected a \(values, scales\) pair"):
         op(*args, 1e-6, mxfp8_out=lead["x"])
+    with pytest.raises(TypeError, match=r"^fp8_out: expected a \(values, scales\) pair"):
+        op(*args, 1e-6, fp8_out=(lead["x"],))
+    with pytest.raises(TypeError, match=r"^fp8_out\[1\] \(scales\): expected a torch.Tensor, got int"):
+        op(*args, 1e-6, fp8_out=(lead["x"], 4))
     with pytest.raises(TypeError, match="^protocol: expected a str, got int"):
         op(*args, 1e-6, None, 2)
     with pytest.raises(TypeError, match="^residual_out: expected a torch.Tensor or None, got int"):
@@ -346,3 +372,128 @@ def test_torch_is_imported_by_registration_only():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env=env)
     assert out.stdout.split() == ["False", "True"]
+
+
+# --- per-token-group FP8 -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 129])
+def test_fp8_group_scales_view_and_empty(m):
+    mp, g = mhccl.fp8_group_scale_rows(m), H // 128
+    flat = torch.arange(mp * g, dtype=torch.float32)
+    view = mhccl.fp8_group_scales_view(flat, m, H)
+    assert tuple(view.shape) == (m, g) and view.stride() == (1, mp)
+    assert view.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    for r in range(m):  # scale(r, g) at float offset g * Mp + r (SPEC)
+        for k in range(g):
+            assert view[r, k].item() == k * mp + r
+    assert mhccl.fp8_group_scales_view(view, m, H) is view  # the view already
+    assert mhccl.fp8_group_scales_view(flat.view(g, mp), m, H).stride() == (1, mp)  # any contiguous shape
+    empty = mhccl.empty_fp8_group_scales(m, H, "meta")
+    assert (tuple(empty.shape), empty.stride(), empty.dtype, empty.device.type) == \
+        ((m, g), (1, mp), torch.float32, "meta")
+    assert empty.untyped_storage().nbytes() == mhccl.fp8_group_scale_bytes(m, H)
+
+
+def test_fp8_group_scales_view_errors():
+    m, g = 5, H // 128
+    with pytest.raises(ValueError, match="^scales: expected dtype float32, got torch.float16"):
+        mhccl.fp8_group_scales_view(torch.zeros(8 * g, dtype=torch.float16), m, H)
+    with pytest.raises(ValueError, match=r"^scales: expected a contiguous tensor of 16 float32 elements"):
+        mhccl.fp8_group_scales_view(torch.zeros(m * g), m, H)  # unpadded
+    with pytest.raises(ValueError, match=r"^scales: expected a contiguous tensor"):
+        mhccl.fp8_group_scales_view(torch.zeros(g, 8).t(), m, H)  # right count, not contiguous
+    with pytest.raises(TypeError, match="^scales: expected a torch.Tensor, got list"):
+        mhccl.fp8_group_scales_view([0.0] * 16, m, H)
+    with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
+        mhccl.fp8_group_scales_view(torch.zeros(16), m, 96)
+    with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
+        mhccl.empty_fp8_group_scales(m, 96, "meta")
+
+
+def test_fp8_scale_view_over_short_storage_is_refused():
+    """A [M, G] view whose storage lacks the padding rows (e.g. torch.empty_strided) would have the
+    kernels write past its end: refused before any launch, naming the helper to use."""
+    m, g = 5, H // 128
+    short = torch.empty_strided((m, g), (1, 8), dtype=torch.float32)
+    assert short.untyped_storage().nbytes() // 4 < 8 * g
+    with pytest.raises(ValueError, match=r"^fp8 scales: the view \[5, 2\] with strides \(1, 8\) must "
+                                         r"lie over 16 floats .*empty_fp8_group_scales"):
+        _api._check_fp8_scale_storage(short, m, H)
+    _api._check_fp8_scale_storage(mhccl.empty_fp8_group_scales(m, H, "cpu"), m, H)  # fine
+    _api._check_fp8_scale_storage(torch.zeros(8 * g), m, H)  # flat: the C++ check counts it
+
+
+class Recorder:
+    """A C++ op stand-in that records what the Python side hands it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, *args):
+        self.calls.append(("call", args))
+
+    def finalize(self, *args):
+        self.calls.append(("finalize", args))
+
+
+@pytest.fixture
+def recording_op(monkeypatch):
+    _ops.ensure_registered()
+    rec = Recorder()
+    op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
+                        _op=rec, _device=0)
+    monkeypatch.setattr(_api, "_stream", lambda d: 1234)
+    return op, rec
+
+
+@pytest.mark.parametrize("finalize", [False, True])
+@pytest.mark.parametrize("flat", [False, True])
+def test_fp8_out_reaches_the_cpp_call(recording_op, finalize, flat):
+    """fp8_out travels through the _out torch op to the C++ call's fp8_values / fp8_scales (CPU
+    tensors run the real op implementation, whose C++ op is the recorder here): values as uint8
+    bytes of the same memory, the scales tensor as given (view or flat)."""
+    op, rec = recording_op
+    m = 3
+    lead, t = _call_inputs(m, "cpu", finalize, "fp8")
+    values = torch.zeros(m, H, dtype=torch.float8_e4m3fn)
+    scales = (torch.zeros(mhccl.fp8_group_scale_bytes(m, H) // 4) if flat
+              else mhccl.empty_fp8_group_scales(m, H, "cpu"))
+    fn = op.finalize if finalize else op
+    res, li = fn(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6,
+                 fp8_out=(values, scales))
+    assert (tuple(res.shape), tuple(li.shape)) == ((m, HC, H), (m, H))
+    (kind, args), = rec.calls
+    assert kind == ("finalize" if finalize else "call")
+    mx_values, mx_scales, fp8_values, fp8_scales, stream, protocol = args[-6:]
+    assert mx_values is None and mx_scales is None and (stream, protocol) == (1234, "auto")
+    assert fp8_values.dtype == torch.uint8 and fp8_values.data_ptr() == values.data_ptr()
+    assert fp8_scales is scales
+    assert args[-7] is li and args[-8] is res
+
+
+@pytest.mark.parametrize("finalize", [False, True])
+def test_functional_with_fp8_allocates_the_strided_scales(recording_op, finalize):
+    op, rec = recording_op
+    m = 5
+    lead, t = _call_inputs(m, "cpu", finalize, "fp8")
+    outs = _functional(op._handle, lead, t, finalize, "fp8")
+    assert [(tuple(o.shape), o.dtype) for o in outs] == _expected_shapes(m, "fp8")
+    assert _fp8_scales_ok(outs[-1], m)
+    (_, args), = rec.calls
+    assert args[-6] is None and args[-5] is None  # no mxfp8 pair
+    assert args[-4].data_ptr() == outs[2].data_ptr() and args[-3] is outs[3]
+
+
+def test_fp8_and_mxfp8_outputs_together_reach_the_cpp_refusal(recording_op):
+    """Both quantized pairs at once are passed on as given: the C++ check (check_epilogue)
+    refuses them with "expected either the mxfp8 outputs or the fp8 outputs"; the configuration
+    refuses both variants at construction (test_cpu.py)."""
+    op, rec = recording_op
+    m = 2
+    lead, t = _call_inputs(m, "cpu", False, "fp8")
+    mx = (torch.zeros(m, H, dtype=torch.float8_e4m3fn), torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.uint8))
+    fp8 = (torch.zeros(m, H, dtype=torch.float8_e4m3fn), mhccl.empty_fp8_group_scales(m, H, "cpu"))
+    op(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6,
+       mxfp8_out=mx, fp8_out=fp8)
+    (_, args), = rec.calls
+    assert all(a is not None for a in args[-6:-2])
