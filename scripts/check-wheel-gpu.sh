@@ -10,6 +10,8 @@
 #   scripts/check-wheel-gpu.sh .whl/mhccl-*.whl      (PYTHON: the interpreter with torch; OUT: logs)
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-}" in -h|--help) sed -n '2,10p' "$0"; exit 0 ;; esac
+[ -f "${1:-}" ] || { echo "check-wheel-gpu.sh: expected the path of a wheel, got '${1:-}'" >&2; exit 2; }
 wheel=$(realpath "${1:?usage: check-wheel-gpu.sh WHEEL}")
 py=${PYTHON:-python3}
 OUT=${OUT:-/tmp/mhccl-wheel-gpu}

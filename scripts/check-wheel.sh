@@ -7,6 +7,8 @@
 #   scripts/check-wheel.sh dist/mhccl-*.whl     (VENV: where the virtualenv goes)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
+[ -f "${1:-}" ] || { echo "check-wheel.sh: expected the path of a wheel, got '${1:-}'" >&2; exit 2; }
 wheel=$(realpath "${1:?usage: check-wheel.sh WHEEL}")
 py=${PYTHON:-python3}
 work=$(mktemp -d)

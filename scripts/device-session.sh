@@ -13,6 +13,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # MHCCL_COMMIT=<sha> in the run's command.
 export MHCCL_COMMIT=${MHCCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 stages=${*:-build tests bench}
+known=" build tests deadpeer python sanitize profile bench ab abtree sweep envsweep agsweep peers example "
+for s in $stages; do
+  if [[ "$known" != *" $s "* ]]; then
+    echo "device-session.sh: unknown stage '$s'; stages:$known(default: build tests bench)" >&2; exit 2
+  fi
+done
 B=${BUILD_DIR:-build-dev}
 N=${NRANKS:-2}  # ranks of the GPU tests (1 on a one-GPU machine: the TP=2 cases skip)
 t0=$(date +%s)

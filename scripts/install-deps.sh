@@ -4,6 +4,9 @@
 #
 #   scripts/install-deps.sh            C++ build and tests (CLI11, nlohmann-json, DLPack, GoogleTest)
 #   scripts/install-deps.sh --python   also the Python build tools (scikit-build-core, nanobind, pytest)
+#                                      and PyTorch for the torch tests (torch==2.11.0, about 4.6 GB;
+#                                      MHCCL_TORCH overrides the requirement, MHCCL_TORCH=none skips it)
+#   scripts/install-deps.sh --wheel    what the wheel's checks need (python3-venv, auditwheel, patchelf)
 #
 # The CUDA toolkit (nvcc 13, CCCL) and NCCL 2.28 are prerequisites, not installed here: see README.md.
 set -euo pipefail
@@ -14,7 +17,7 @@ for a in "$@"; do
   case "$a" in
     --python) want_python=1 ;;
     --wheel) want_wheel=1 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option $a" >&2; exit 2 ;;
   esac
 done

@@ -141,13 +141,13 @@ TEST(ConfigAgreement, SameConfigurationAgrees) {
 }
 
 TEST(ConfigAgreement, EveryRankNamesTheFieldThatDiffers) {
-  // Rank 1 with another max_num_tokens, then another two-shot threshold (a 64-bit value whose
-  // high half differs only: INT64_MAX against 2048), at TP = 2 and 4.
+  // Rank 1 with another max_num_tokens, then another two-shot threshold (64-bit values whose
+  // high halves alone differ: 2^32 against 2^33), at TP = 2 and 4.
   for (const int tp : {2, 4}) {
     for (const int field : {1, 2}) {
-      std::vector<comm::ConfigFields> ranks(tp, config_fields(256, std::numeric_limits<int64_t>::max()));
-      if (field == 1) ranks[1] = config_fields(512, std::numeric_limits<int64_t>::max());
-      else ranks[1] = config_fields(256, 2048);
+      std::vector<comm::ConfigFields> ranks(tp, config_fields(256, int64_t{1} << 32));
+      if (field == 1) ranks[1] = config_fields(512, int64_t{1} << 32);
+      else ranks[1] = config_fields(256, int64_t{1} << 33);
       const char* name = field == 1 ? "max_num_tokens" : "two_shot_min_rows";
       const std::vector<std::string> v = agree_model(ranks, std::vector<bool>(tp, true));
       for (int r = 0; r < tp; ++r) {
