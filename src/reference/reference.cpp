@@ -95,19 +95,26 @@ void layer_input_fp64(const MHCProblem& p, const uint16_t* residual_out, double*
   }
 }
 
+namespace {
+// The amax of n BF16 values over their absolute values' bits, as BF16 bits: NaN (above Inf) wins,
+// as in the kernels (MXFP8 blocks and FP8 groups alike).
+uint16_t amax_bits(const uint16_t* v, int n) {
+  uint16_t amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint16_t a = v[i] & 0x7FFF;
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+}  // namespace
+
 void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, uint8_t* scales) {
   const int64_t blocks = h / kMxfp8BlockElems;
   std::memset(scales, 0, static_cast<size_t>(mxfp8_scale_bytes(m, h)));
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t k = 0; k < blocks; ++k) {
       const uint16_t* v = in + r * h + k * kMxfp8BlockElems;
-      // amax over the absolute values' bits: NaN (above Inf) wins, as in the kernels.
-      uint16_t amax_bits = 0;
-      for (int i = 0; i < kMxfp8BlockElems; ++i) {
-        const uint16_t a = v[i] & 0x7FFF;
-        amax_bits = a > amax_bits ? a : amax_bits;
-      }
-      const uint8_t scale = ue8m0_scale(bf16_to_float(amax_bits));
+      const uint8_t scale = ue8m0_scale(bf16_to_float(amax_bits(v, kMxfp8BlockElems)));
       scales[mxfp8_scale_offset(r, k, blocks)] = scale;
       for (int i = 0; i < kMxfp8BlockElems; ++i) {
         values[r * h + k * kMxfp8BlockElems + i] = mxfp8_encode(bf16_to_float(v[i]), scale);
@@ -124,13 +131,7 @@ void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, ui
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const uint16_t* v = in + r * h + g * kFp8GroupElems;
-      // amax over the absolute values' bits: NaN (above Inf) wins, as in the kernels.
-      uint16_t amax_bits = 0;
-      for (int i = 0; i < kFp8GroupElems; ++i) {
-        const uint16_t a = v[i] & 0x7FFF;
-        amax_bits = a > amax_bits ? a : amax_bits;
-      }
-      const float s = fp8_group_scale(bf16_to_float(amax_bits), ue8m0);
+      const float s = fp8_group_scale(bf16_to_float(amax_bits(v, kFp8GroupElems)), ue8m0);
       scales[fp8_group_scale_offset(r, g, mp)] = s;
       for (int i = 0; i < kFp8GroupElems; ++i) {
         values[r * h + g * kFp8GroupElems + i] = fp8_group_encode(bf16_to_float(v[i]), s);
