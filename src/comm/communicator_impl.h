@@ -51,8 +51,9 @@ struct Communicator::Impl {
   // over the group where peers are reachable (every rank's kernels store a fault into every
   // rank's word), this rank's alone otherwise.
   Window fault_window;
-  uint32_t* fault_word_local() const { return static_cast<uint32_t*>(fault_window.peers[plain_fault() ? 0 : rank]); }
-  bool plain_fault() const { return fault_window.plain; }
+  uint32_t* fault_word_local() const {
+    return static_cast<uint32_t*>(fault_window.peers[fault_window.plain ? 0 : rank]);
+  }
 
   // Symmetric allocations left by buffers destroyed after a peer failed: freed only after
   // ncclCommAbort has released their windows (deregistration may wait for the dead peer).
