@@ -142,22 +142,30 @@ if [[ " $stages " == *" ab "* ]]; then
   done
 fi
 if [[ " $stages " == *" abtree "* ]]; then
-  # A/B of two builds in one session, alternated: this tree's build ($B) against an older tree
-  # carried in .ab-old (e.g. `git archive <commit> | tar -x -C .ab-old`, .ab-old excluded from git
-  # and named in the run's carry), built into build-old. AB_ARGS: the bench's arguments
-  # (default: TP=1, the all-reduce ops, no checks).
-  stamp "abtree: build .ab-old"
-  if ! (cd .ab-old && MHCCL_EXTRA_INCLUDE_DIR=../.deps/include BUILD_DIR=build-old JOBS=32 scripts/build.sh > "$OUT/build-old.log" 2>&1); then
-    grep -E "error" "$OUT/build-old.log" | head -20; exit 1
-  fi
+  # A/B of builds in one session, alternated: this tree's build ($B) against older trees carried
+  # in AB_TREES (default .ab-old; each e.g. `git archive <commit> | tar -x -C .ab-old`, excluded
+  # from git and named in the run's carry), each built (mhccl-bench only, all at once) into its
+  # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
+  trees=(${AB_TREES:-.ab-old})
+  stamp "abtree: build ${trees[*]}"
+  for t in "${trees[@]}"; do
+    gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
+    (cmake -S "$t" -B "$t/build-old" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCCL_EXTRA_INCLUDE_DIR="$(pwd)/.deps/include" &&
+       cmake --build "$t/build-old" -j 16 --target mhccl-bench) > "$OUT/build-${t//[\/.]/}.log" 2>&1 &
+  done
+  wait
+  for t in "${trees[@]}"; do
+    [[ -x $t/build-old/tools/bench/mhccl-bench ]] || { echo "abtree: $t did not build"; grep -E "error" "$OUT/build-${t//[\/.]/}.log" | head -20; exit 1; }
+  done
   for i in $(seq ${AB_ROUNDS:-2}); do
-    for which in new old; do
-      bin="$B/tools/bench/mhccl-bench"; [[ $which == old ]] && bin=".ab-old/build-old/tools/bench/mhccl-bench"
+    for which in new "${trees[@]}"; do
+      bin="$B/tools/bench/mhccl-bench"; [[ $which != new ]] && bin="$which/build-old/tools/bench/mhccl-bench"
+      tag=${which//[\/.]/}
       stamp "abtree: $which ($i)"
       timeout ${AB_TIMEOUT:-150} "$bin" ${AB_ARGS:---tp 1 --ops allreduce,twoshot --no-check} \
-        --json "$OUT/abtree-$which-$i.json" > "$OUT/abtree-$which-$i.log" 2>&1
+        --json "$OUT/abtree-$tag-$i.json" > "$OUT/abtree-$tag-$i.log" 2>&1
       echo "bench rc=$?"
-      grep -E "^  (call|finalize) +(plain|mxfp8|residual_only) +(1|8|64|128|1024|4096) " "$OUT/abtree-$which-$i.log" | awk -v w="$which$i" '{print w, $0}' | head -40
+      grep -E "^  (call|finalize) +(plain|mxfp8|residual_only) +(1|8|64|128|1024|4096) " "$OUT/abtree-$tag-$i.log" | awk -v w="$tag$i" '{print w, $0}' | head -${AB_LINES:-40}
     done
   done
 fi
