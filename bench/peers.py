@@ -6,13 +6,20 @@
 
 Implementations, each at M = 1, 2, 4, ..., 4096 rows (H = 5120, hc = 4, top_k = 6):
 
-- ``mhccl``: ``AllReduceMHC.__call__`` and ``finalize``, plain and with the MXFP8 layer input.
+- ``mhccl``: ``AllReduceMHC.__call__`` and ``finalize``, plain, with the MXFP8 layer input
+  (``mxfp8``) and with the per-token-group FP8 layer input (``fp8``, a second instance built
+  with ``quantize_layer_input_fp8``).
+- ``mhccl+torch_compile_quant`` (variant ``fp8``): mhccl's plain call, then the per-token-group
+  FP8 quantization of its BF16 layer input in PyTorch through ``torch.compile``, written as
+  vLLM's ``per_token_group_quant_fp8(x, 128, column_major_scales=True)`` computes it: the
+  separate step the fused ``fp8`` variant saves.
 - ``torch_eager``: the unfused epilogue in eager PyTorch, written with broadcasts
   (streams = post * y + sum_s comb[s, t] * residual[s], the collapse with pre rounded to BF16,
   RMSNorm in FP32); finalize first reduces its top-k GEMM2 rows and adds the shared expert in
   FP32, rounded once.
 - ``torch_compile``: the same functions through ``torch.compile`` (Inductor fuses the
-  broadcasts; an einsum formulation it would leave as a batched GEMM).
+  broadcasts; an einsum formulation it would leave as a batched GEMM); its ``fp8`` variant
+  compiles the epilogue and the FP8 quantization as one function.
 - TP >= 2: ``nccl+torch_eager`` and ``nccl+torch_compile`` (``torch.distributed.all_reduce`` of
   the BF16 partial, then the epilogue), ``symm_mem_one_shot+torch_compile``
   (``torch.ops.symm_mem.one_shot_all_reduce`` of a symmetric-memory buffer: peer loads, no
@@ -24,9 +31,11 @@ Timing as mhccl-bench's: a CUDA graph of ``--calls-per-graph`` calls over ``--se
 input sets, ``--launches`` graph launches per timed repeat between CUDA events, the median of
 ``--repeats`` after ``--warmup`` launches, the slowest rank's median. ``--check`` first compares
 mhccl with SPEC.md's arithmetic (streams bit-exact, layer input within 1 ulp of FP64 from the
-BF16 collapse: PASS or FAIL) and with the eager and compiled PyTorch paths (the fraction of
-bit-identical streams, the layer input's ulps) at every M. ``--json`` writes the rows (mhccl-bench's fields, plus ``impl``), ``--plot`` a
-log-log PNG of latency against M, one line per implementation.
+BF16 collapse, the fp8 values and scales bit-identical to the PyTorch quantization of the
+plain layer input, eager and compiled: PASS or FAIL) and with the eager and compiled PyTorch
+paths (the fraction of bit-identical streams, the layer input's ulps) at every M. ``--json``
+writes the rows (mhccl-bench's fields, plus ``impl``), ``--plot`` a log-log PNG of latency
+against M, one line per implementation and variant.
 """
 
 from __future__ import annotations
@@ -46,6 +55,9 @@ except ImportError:  # reported by main(), so that --help works anywhere
 
 H, HC, TOP_K, EPS = 5120, 4, 6, 1e-6
 DEFAULT_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+VARIANTS = ("plain", "mxfp8", "fp8")
+FP8_GROUP, FP8_MAX, FP8_EPS = 128, 448.0, 1e-10  # SPEC.md, "FP8 layer input for Hopper GEMMs"
+SEPARATE_QUANT = "mhccl+torch_compile_quant"  # the baseline of the fp8 rows
 
 
 def die(msg: str, code: int = 2) -> None:
@@ -65,6 +77,13 @@ def parse_args():
     p.add_argument("--impls", default="",
                    help="comma list of implementations to time (default: all that apply here)")
     p.add_argument("--ops", default="call,finalize", help="comma list of call, finalize")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="comma list of plain, mxfp8, fp8 to time and check (default: all; "
+                        "--check checks plain always, the others against it; the fp8 table's "
+                        "'extra over plain' needs plain timed)")
+    p.add_argument("--fp8-ue8m0", action="store_true",
+                   help="fp8: power-of-two (UE8M0) scales, s = 2^ceil(log2(s)), in the fused "
+                        "build and the PyTorch quantization alike (default: FP32 scales)")
     p.add_argument("--calls-per-graph", type=int, default=20)
     p.add_argument("--launches", type=int, default=5, help="graph launches per timed repeat")
     p.add_argument("--repeats", type=int, default=11)
@@ -88,6 +107,9 @@ def parse_args():
     args.ops = [o for o in args.ops.split(",") if o]
     if not args.ops or any(o not in ("call", "finalize") for o in args.ops):
         die(f"--ops: expected call and/or finalize, got {args.ops}")
+    args.variants = [v for v in args.variants.split(",") if v]
+    if not args.variants or any(v not in VARIANTS for v in args.variants):
+        die(f"--variants: expected some of {', '.join(VARIANTS)}, got {args.variants}")
     if min(args.calls_per_graph, args.launches, args.repeats, args.sets) < 1 or args.warmup < 0:
         die("--calls-per-graph, --launches, --repeats and --sets must be >= 1, --warmup >= 0")
     return args
@@ -132,6 +154,70 @@ def compile_options(args) -> dict:
     if not args.eager_roundings:
         return {}
     return {"emulate_precision_casts": True, "pattern_matcher": False}
+
+
+def ue8m0_scales(s):
+    """2^ceil(log2(s)) of positive normal (or +Inf) FP32 scales, exactly, from their bits: a
+    power of two stays, any other value carries into the exponent. Integer arithmetic, so that
+    no compiler's exp2 or log2 can round it otherwise."""
+    return ((s.view(torch.int32) + 0x007FFFFF) & 0x7F800000).view(torch.float32)
+
+
+def quantize_fp8_groups(layer_input, fp8_max, values, scales, ue8m0: bool):
+    """Per-token-group FP8 of layer_input ([M, H] BF16): the arithmetic of vLLM's
+    ``per_token_group_quant_fp8(layer_input, 128, column_major_scales=True, use_ue8m0=ue8m0)``
+    with SPEC.md's correctly rounded FP32 divisions. Per group of 128 consecutive elements of a
+    row, s = max(amax in FP32, 1e-10) / 448 (with ue8m0 2^ceil(log2(s))), values = E4M3(x / s
+    clamped to +-448). Writes values ([M, H] float8_e4m3fn) and scales (the MN-major TMA-aligned
+    [M, G] view with strides (1, Mp) of mhccl.empty_fp8_group_scales; the padding rows left as
+    they are, as vLLM leaves those of its empty_strided buffer).
+
+    fp8_max is 448 as a one-element FP32 tensor on the device: on GPUs Inductor replaces a
+    division by a constant with a multiplication by its reciprocal, which rounds otherwise."""
+    m, h = layer_input.shape
+    groups = layer_input.float().view(m, h // FP8_GROUP, FP8_GROUP)
+    s = groups.abs().amax(-1).clamp(min=FP8_EPS) / fp8_max
+    if ue8m0:
+        s = ue8m0_scales(s)
+    q = (groups / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    values.copy_(q.view(m, h))
+    scales.copy_(s)
+
+
+def mhc_epilogue_fp8(y, residual, post, comb, pre, norm_weight, eps: float, fp8_max, values,
+                     scales, ue8m0: bool):
+    """mhc_epilogue, then quantize_fp8_groups of its layer input: one function, one compile."""
+    streams, layer_input = mhc_epilogue(y, residual, post, comb, pre, norm_weight, eps)
+    quantize_fp8_groups(layer_input, fp8_max, values, scales, ue8m0)
+    return streams, layer_input
+
+
+def finalize_epilogue_fp8(gemm2, weights, routes, shared, residual, post, comb, pre, norm_weight,
+                          eps: float, fp8_max, values, scales, ue8m0: bool):
+    """finalize_epilogue, then quantize_fp8_groups of its layer input: one function, one
+    compile."""
+    streams, layer_input = finalize_epilogue(gemm2, weights, routes, shared, residual, post, comb,
+                                             pre, norm_weight, eps)
+    quantize_fp8_groups(layer_input, fp8_max, values, scales, ue8m0)
+    return streams, layer_input
+
+
+def fp8_compile_options(args) -> dict:
+    """Inductor options of the compiled FP8 quantization: compile_options plus correctly
+    rounded FP32 division (eager PyTorch's, SPEC.md's and the fused kernel's). Inductor's Triton
+    code divides approximately otherwise (div.full), and the scales and values would differ from
+    the rule's in the last bits."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(getattr(inductor_config, "eager_numerics", None), "division_rounding"):
+        raise RuntimeError("this PyTorch's Inductor has no eager_numerics.division_rounding "
+                           "option (the correctly rounded division the FP8 rule needs)")
+    return {**compile_options(args), "eager_numerics.division_rounding": True}
+
+
+def compile_kwargs(args) -> dict:
+    """torch.compile's dynamic= argument: --static-compile compiles once per M."""
+    return {"dynamic": False} if args.static_compile else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +308,8 @@ class Ctx:
 class Inputs:
     """`sets` rotating input sets of `capacity` rows, sliced to M rows a call. The replicated
     state (residual streams, mixes, norm weight) is the same on every rank; x and the finalize
-    inputs are this rank's. Routes and MXFP8 scale buffers exist per (set, M) before any capture."""
+    inputs are this rank's. Routes and the MXFP8 and FP8 scale buffers exist per (set, M) before
+    any capture; the quantized values of both share one buffer a set."""
 
     def __init__(self, ctx: Ctx, capacity: int, sets: int, ms):
         dev, bf16 = ctx.device, torch.bfloat16
@@ -259,13 +346,15 @@ class Inputs:
             self.data.append(d)
         g = torch.Generator(device=dev).manual_seed(77)
         self.norm_weight = (1 + 0.3 * torch.randn(H, generator=g, device=dev)).to(bf16)
-        self.scales = {}
+        self.fp8_max = torch.full((1,), FP8_MAX, device=dev)  # see quantize_fp8_groups
+        self.scales, self.fp8_scales = {}, {}
         try:
             import mhccl
 
             for m in ms:
                 self.scales[m] = [torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.uint8,
                                               device=dev) for _ in range(sets)]
+                self.fp8_scales[m] = [mhccl.empty_fp8_group_scales(m, H, dev) for _ in range(sets)]
         except ImportError:
             pass
 
@@ -282,21 +371,34 @@ class Inputs:
     def mxfp8(self, s: int, m: int):
         return (self.data[s]["values"][:m], self.scales[m][s])
 
+    def fp8(self, s: int, m: int):
+        """(values [m, H] float8_e4m3fn, scales: the MN-major [m, G] view of Mp * G floats)."""
+        return (self.data[s]["values"][:m], self.fp8_scales[m][s])
+
 
 # --------------------------------------------------------------------------------------------
 # Implementations: run(op, variant, set, m) -> (streams, layer_input); the constructor raises
 # with the reason where one cannot run here.
 
 class Mhccl:
+    """mhccl's fused boundary: plain and mxfp8 from a build with quantize_layer_input, fp8 from
+    a second build with quantize_layer_input_fp8 (the two options exclude each other), made
+    where fp8 is among --variants."""
+
     name = "mhccl"
-    variants = ("plain", "mxfp8")
 
     def __init__(self, ctx: Ctx, inp: Inputs):
         import mhccl
 
         self.ctx, self.inp = ctx, inp
-        self.op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=inp.capacity,
-                                     top_k=TOP_K, device=ctx.device, quantize_layer_input=True)
+        kw = dict(hidden_size=H, hc_mult=HC, max_num_tokens=inp.capacity, top_k=TOP_K,
+                  device=ctx.device)
+        self.op = mhccl.AllReduceMHC(**kw, quantize_layer_input=True)
+        self.variants = ("plain", "mxfp8")
+        if "fp8" in ctx.args.variants:
+            self.fp8_op = mhccl.AllReduceMHC(**kw, quantize_layer_input_fp8=True,
+                                             fp8_ue8m0_scales=ctx.args.fp8_ue8m0)
+            self.variants += ("fp8",)
 
     def protocol(self, op: str, m: int) -> str:
         if self.ctx.tp == 1:
@@ -307,27 +409,63 @@ class Mhccl:
             return "auto"
 
     def run(self, op, variant, s, m):
-        mx = self.inp.mxfp8(s, m) if variant == "mxfp8" else None
+        built, out = self.op, {}
+        if variant == "mxfp8":
+            out = {"mxfp8_out": self.inp.mxfp8(s, m)}
+        elif variant == "fp8":
+            built, out = self.fp8_op, {"fp8_out": self.inp.fp8(s, m)}
         if op == "call":
             x, res, post, comb, pre, w = self.inp.call_args(s, m)
-            return self.op(x, res, post, comb, pre, w, EPS, mxfp8_out=mx)
-        return self.op.finalize(*self.inp.finalize_args(s, m), EPS, mxfp8_out=mx)
+            return built(x, res, post, comb, pre, w, EPS, **out)
+        return built.finalize(*self.inp.finalize_args(s, m), EPS, **out)
+
+
+class MhcclThenCompiledQuant:
+    """The separate quantization an engine runs without the fused FP8 output: mhccl's plain
+    call (the BF16 layer input out), then quantize_fp8_groups of it through torch.compile
+    (fullgraph, fp8_compile_options) into the same buffers as the fused variant's."""
+
+    name = SEPARATE_QUANT
+    variants = ("fp8",)
+
+    def __init__(self, ctx: Ctx, inp: Inputs, fused):
+        if fused is None:
+            raise RuntimeError("needs the mhccl implementation, which was not built")
+        self.ctx, self.inp, self.fused = ctx, inp, fused
+        self.quantize = torch.compile(quantize_fp8_groups, fullgraph=True,
+                                      options=fp8_compile_options(ctx.args),
+                                      **compile_kwargs(ctx.args))
+
+    def protocol(self, op: str, m: int) -> str:
+        return self.fused.protocol(op, m)
+
+    def run(self, op, variant, s, m):
+        assert variant == "fp8"
+        streams, layer_input = self.fused.run(op, "plain", s, m)
+        self.quantize(layer_input, self.inp.fp8_max, *self.inp.fp8(s, m), self.ctx.args.fp8_ue8m0)
+        return streams, layer_input
 
 
 class Torch:
     """The unfused path: the partial's all-reduce (none at TP=1, NCCL, or symmetric memory),
-    then the PyTorch epilogue, eager or compiled."""
-
-    variants = ("plain",)
+    then the PyTorch epilogue, eager or compiled; compiled, also the fp8 variant (the epilogue
+    and quantize_fp8_groups compiled as one function) where fp8 is among --variants."""
 
     def __init__(self, ctx: Ctx, inp: Inputs, compiled: bool, reduce: str):
         self.ctx, self.inp, self.reduce = ctx, inp, reduce
         prefix = {"none": "", "nccl": "nccl+", "symm_mem": "symm_mem_one_shot+"}[reduce]
         self.name = prefix + ("torch_compile" if compiled else "torch_eager")
+        self.variants = ("plain",)
         fns = (mhc_epilogue, moe_finalize_x, finalize_epilogue)
         if compiled:
-            kw = {"dynamic": False} if ctx.args.static_compile else {}
+            kw = compile_kwargs(ctx.args)
             fns = tuple(torch.compile(f, options=compile_options(ctx.args), **kw) for f in fns)
+            if "fp8" in ctx.args.variants:
+                options = fp8_compile_options(ctx.args)
+                self.epilogue_fp8, self.finalize_tp1_fp8 = (
+                    torch.compile(f, fullgraph=True, options=options, **kw)
+                    for f in (mhc_epilogue_fp8, finalize_epilogue_fp8))
+                self.variants += ("fp8",)
         self.epilogue, self.finalize_x, self.finalize_tp1 = fns
         if reduce == "symm_mem":
             self._setup_symm_mem()
@@ -377,8 +515,12 @@ class Torch:
 
     def run(self, op, variant, s, m, exact: bool = False):
         """exact: the NCCL call reduces a copy of the set's x (checks); else the set's own
-        in-place buffer (timing: no copy kernel in the measured path)."""
-        assert variant == "plain"
+        in-place buffer (timing: no copy kernel in the measured path). fp8: the quantized layer
+        input goes to the set's fp8 buffers."""
+        assert variant in self.variants
+        fp8 = ((self.inp.fp8_max, *self.inp.fp8(s, m), self.ctx.args.fp8_ue8m0)
+               if variant == "fp8" else ())
+        epilogue = self.epilogue_fp8 if fp8 else self.epilogue
         if op == "call":
             x, res, post, comb, pre, w = self.inp.call_args(s, m)
             if self.reduce == "symm_mem":
@@ -387,12 +529,13 @@ class Torch:
                 y = self._all_reduce(self.inp.data[s]["x_inplace"][:m], s, m, owned=True)
             else:
                 y = self._all_reduce(x, s, m, owned=False)
-            return self.epilogue(y, res, post, comb, pre, w, EPS)
+            return epilogue(y, res, post, comb, pre, w, EPS, *fp8)
         gemm2, wts, routes, shared, res, post, comb, pre, w = self.inp.finalize_args(s, m)
         if self.reduce == "none":
-            return self.finalize_tp1(gemm2, wts, routes, shared, res, post, comb, pre, w, EPS)
+            finalize = self.finalize_tp1_fp8 if fp8 else self.finalize_tp1
+            return finalize(gemm2, wts, routes, shared, res, post, comb, pre, w, EPS, *fp8)
         y = self._all_reduce(self.finalize_x(gemm2, wts, routes, shared), s, m, owned=True)
-        return self.epilogue(y, res, post, comb, pre, w, EPS)
+        return epilogue(y, res, post, comb, pre, w, EPS, *fp8)
 
 
 class FlashInferArNorm:
@@ -488,13 +631,65 @@ def spec_reference(ctx: Ctx, inp: Inputs, op: str, s: int, m: int):
     return streams, li
 
 
-def check(ctx: Ctx, inp: Inputs, fused: Mhccl, refs, ms, ops) -> bool:
+def bits_differ(a, b) -> int:
+    """How many elements of a and b (same shape and dtype, any strides) differ in their bits."""
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return int((a.view(as_int) != b.view(as_int)).sum().item())
+
+
+def padded_fp8_scales(scales, m: int):
+    """All Mp * G floats under the MN-major [m, G] view of FP8 scales, the padding rows too."""
+    import mhccl
+
+    mp = mhccl.fp8_group_scale_rows(m)
+    return scales.as_strided((mp * scales.shape[1],), (1,), scales.storage_offset())
+
+
+def check_fp8(ctx: Ctx, inp: Inputs, fused: Mhccl, separate, op: str, s: int, m: int, streams,
+              layer_input):
+    """The fp8 build against the plain call's streams and layer_input: its streams and layer
+    input identical, its values and scales (every float, the padding rows 0) bit-identical to
+    quantize_fp8_groups of the plain layer input run eagerly; then the values and the [m, G]
+    scales of separate (the compiled quantization; None where it was not built) likewise.
+    Returns (ok, the report line)."""
+    import mhccl
+
+    values, scales = inp.fp8(s, m)
+    padded_fp8_scales(scales, m).fill_(float("nan"))  # the kernel writes every float of them
+    fp8_streams, fp8_li = fused.run(op, "fp8", s, m)
+    want_values = torch.empty_like(values)
+    want_scales = mhccl.empty_fp8_group_scales(m, H, ctx.device)
+    padded_fp8_scales(want_scales, m).zero_()
+    quantize_fp8_groups(layer_input, inp.fp8_max, want_values, want_scales, ctx.args.fp8_ue8m0)
+    as_plain = bits_differ(fp8_streams, streams) == 0 and bits_differ(fp8_li, layer_input) == 0
+    bad = (bits_differ(values, want_values),
+           bits_differ(padded_fp8_scales(scales, m), padded_fp8_scales(want_scales, m)))
+    ok = as_plain and bad == (0, 0)
+
+    def verdict(bad_values, bad_scales):
+        if bad_values == bad_scales == 0:
+            return "bit-identical"
+        return f"DIFFER ({bad_values} of {values.numel()} values, {bad_scales} scales)"
+
+    line = (f"fp8 build: streams and layer input {'identical' if as_plain else 'DIFFER'}, values "
+            f"and scales vs PyTorch's quantization of the plain layer input: eager "
+            f"{verdict(*bad)}")
+    if separate is None:
+        return ok, line + f", {SEPARATE_QUANT} not built"
+    separate.run(op, "fp8", s, m)
+    bad = (bits_differ(values, want_values), bits_differ(scales, want_scales))
+    return ok and bad == (0, 0), line + f", {separate.name} {verdict(*bad)}"
+
+
+def check(ctx: Ctx, inp: Inputs, fused: Mhccl, refs, separate, ms, ops) -> bool:
     """mhccl against SPEC.md's arithmetic (streams bit-exact, layer input within 1 ulp of FP64
-    from the BF16 collapse, the MXFP8 build's outputs identical to the plain call's: PASS/FAIL),
-    then against each unfused PyTorch path in refs (the fraction of bit-identical streams, the
-    layer input's ulps: AGREE/DIFFER, a measurement, not a failure)."""
+    from the BF16 collapse, the MXFP8 build's outputs identical to the plain call's, the fp8
+    build's as check_fp8 says, for the variants among --variants: PASS/FAIL), then against each
+    unfused PyTorch path in refs (the fraction of bit-identical streams, the layer input's ulps:
+    AGREE/DIFFER, a measurement, not a failure)."""
     ctx.say("check: mhccl against SPEC.md's arithmetic, then against "
             + " and ".join(r.name for r in refs) + " (rank 0's numbers; every rank checks its own)")
+    variants = ctx.args.variants
     all_ok, disagree = True, set()
     for op in ops:
         for m in ms:
@@ -502,15 +697,24 @@ def check(ctx: Ctx, inp: Inputs, fused: Mhccl, refs, ms, ops) -> bool:
             lines, ok = [], False
             try:
                 streams, li = fused.run(op, "plain", s, m)
-                streams_mx, li_mx = fused.run(op, "mxfp8", s, m)
                 ss, sli = spec_reference(ctx, inp, op, s, m)
                 torch.cuda.synchronize()
                 spec_streams = torch.equal(streams.view(torch.int16), ss.view(torch.int16))
                 spec_li = ulp_diff(li, sli.to(torch.bfloat16)).max().item()
-                mx_same = torch.equal(streams_mx, streams) and torch.equal(li_mx, li)
-                ok = spec_streams and spec_li <= 1 and mx_same
-                lines.append(f"streams {'bit-exact' if spec_streams else 'DIFFER'}, layer input "
-                             f"{spec_li} ulp from FP64, mxfp8 build {'identical' if mx_same else 'DIFFERS'}")
+                line = (f"streams {'bit-exact' if spec_streams else 'DIFFER'}, layer input "
+                        f"{spec_li} ulp from FP64")
+                passed = spec_streams and spec_li <= 1
+                if "mxfp8" in variants:
+                    streams_mx, li_mx = fused.run(op, "mxfp8", s, m)
+                    mx_same = torch.equal(streams_mx, streams) and torch.equal(li_mx, li)
+                    passed = passed and mx_same
+                    line += f", mxfp8 build {'identical' if mx_same else 'DIFFERS'}"
+                lines.append(line)
+                if "fp8" in variants:
+                    fp8_ok, fp8_line = check_fp8(ctx, inp, fused, separate, op, s, m, streams, li)
+                    passed = passed and fp8_ok
+                    lines.append(fp8_line)
+                ok = passed
                 for ref in refs:
                     rs, rli = ref.run(op, "plain", s, m, exact=True)
                     torch.cuda.synchronize()
@@ -555,14 +759,14 @@ def plot(rows, path, title):
         return
     fig, axes = plt.subplots(1, len(ops), figsize=(7 * len(ops), 5.5), squeeze=False)
     for ax, op in zip(axes[0], ops):
-        lines = {}
+        lines = {}  # (impl, variant) -> points
         for r in rows:
             if r["op"] == op and r["us_median"] is not None:
-                label = r["impl"] + (f" {r['variant']}" if r["impl"] == "mhccl" else "")
-                lines.setdefault(label, []).append((r["m"], r["us_median"]))
-        for label, pts in sorted(lines.items()):
+                lines.setdefault((r["impl"], r["variant"]), []).append((r["m"], r["us_median"]))
+        for (impl, variant), pts in sorted(lines.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if label.startswith("mhccl") else "--",
+            label = impl + (f" {variant}" if impl == "mhccl" or variant != "plain" else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-" if impl == "mhccl" else "--",
                     marker="o", markersize=3, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -576,6 +780,33 @@ def plot(rows, path, title):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"wrote {path}", flush=True)
+
+
+def print_fp8_table(ctx: Ctx, results, ms, op: str):
+    """The fused fp8 variant against mhccl plain and against plain + the separate compiled
+    quantization (as PERFORMANCE.md's mhccl-bench FP8 table), then the other implementations'
+    fp8 variants."""
+    fused = results.get((op, "fp8", "mhccl"), {})
+    plain = results.get((op, "plain", "mhccl"), {})
+    separate = results.get((op, "fp8", SEPARATE_QUANT), {})
+    others = [n for (o, v, n) in results
+              if o == op and v == "fp8" and n not in ("mhccl", SEPARATE_QUANT)]
+    if not (fused or separate or others):
+        return
+    ctx.say(f"  {op} fp8 ({'UE8M0' if ctx.args.fp8_ue8m0 else 'FP32'} scales; fused faster by = "
+            f"{SEPARATE_QUANT} / mhccl fp8)")
+    heads = ["mhccl fp8", "mhccl plain", "extra over plain", SEPARATE_QUANT, "fused faster by"]
+    heads += [f"{n} fp8" for n in others]
+    widths = [max(len(h), 9) for h in heads]
+    ctx.say("    {:>5}".format("M") + "".join(f" {h:>{w}}" for h, w in zip(heads, widths)))
+    for m in ms:
+        f, p, q = fused.get(m), plain.get(m), separate.get(m)
+        cells = [f"{f:.2f}" if f else "-", f"{p:.2f}" if p else "-",
+                 f"{f - p:+.2f}" if f and p else "-", f"{q:.2f}" if q else "-",
+                 f"{q / f:.2f}x" if f and q else "-"]
+        cells += [f"{results[(op, 'fp8', n)][m]:.2f}" if m in results[(op, "fp8", n)] else "-"
+                  for n in others]
+        ctx.say(f"    {m:>5}" + "".join(f" {c:>{w}}" for c, w in zip(cells, widths)))
 
 
 def print_tables(ctx: Ctx, results, ms, ops, baseline):
@@ -603,6 +834,7 @@ def print_tables(ctx: Ctx, results, ms, ops, baseline):
                 base = results.get((op, "plain", baseline), {}).get(m)
                 line += f"   {base / ours:6.2f}" if ours and base else "        -"
                 ctx.say(line)
+        print_fp8_table(ctx, results, ms, op)
 
 
 def main():
@@ -629,12 +861,17 @@ def main():
             f"{torch.__version__}, mhccl commit {commit}; {args.calls_per_graph} calls a graph x "
             f"{args.launches} launches, median of {args.repeats}, {args.sets} input sets; "
             f"compile {'static per M' if args.static_compile else 'automatic dynamic'}, options "
-            f"{compile_options(args) or 'default'}")
+            f"{compile_options(args) or 'default'}; variants {','.join(args.variants)}"
+            + (f" (fp8: {'UE8M0' if args.fp8_ue8m0 else 'FP32'} scales)"
+               if "fp8" in args.variants else ""))
     inp = Inputs(ctx, max(ms), args.sets, ms)
     torch.cuda.synchronize()
     baseline = "torch_compile" if ctx.tp == 1 else "nccl+torch_compile"
 
+    impls = {}
     builders = [("mhccl", lambda: Mhccl(ctx, inp))]
+    if "fp8" in args.variants:
+        builders += [(SEPARATE_QUANT, lambda: MhcclThenCompiledQuant(ctx, inp, impls.get("mhccl")))]
     if ctx.tp == 1:
         builders += [("torch_eager", lambda: Torch(ctx, inp, False, "none")),
                      ("torch_compile", lambda: Torch(ctx, inp, True, "none"))]
@@ -644,8 +881,11 @@ def main():
                      ("symm_mem_one_shot+torch_compile", lambda: Torch(ctx, inp, True, "symm_mem"))]
     builders += [("flashinfer_ar_rmsnorm", lambda: FlashInferArNorm(ctx, inp))]
     wanted = [w for w in args.impls.split(",") if w]
-    needed = set(wanted) | ({"mhccl", baseline, "torch_eager", "nccl+torch_eager"} if args.check else set())
-    impls = {}
+    needed = set(wanted)
+    if args.check:
+        needed |= {"mhccl", baseline, "torch_eager", "nccl+torch_eager", SEPARATE_QUANT}
+    if SEPARATE_QUANT in wanted:
+        needed.add("mhccl")  # its plain calls
     for name, build in builders:
         if wanted and name not in needed:
             continue
@@ -663,7 +903,7 @@ def main():
         eager = "torch_eager" if ctx.tp == 1 else "nccl+torch_eager"
         refs = [impls[n] for n in (eager, baseline) if n in impls]
         if "mhccl" in impls:
-            if not check(ctx, inp, impls["mhccl"], refs, ms, args.ops):
+            if not check(ctx, inp, impls["mhccl"], refs, impls.get(SEPARATE_QUANT), ms, args.ops):
                 status = 1
                 ctx.say("check: FAILED" + ("" if args.check_only else " (timing goes on)"))
         else:
@@ -678,7 +918,7 @@ def main():
         for name, impl in impls.items():
             if (wanted and name not in wanted) or (op == "finalize" and isinstance(impl, FlashInferArNorm)):
                 continue
-            for variant in impl.variants:
+            for variant in (v for v in impl.variants if v in args.variants):
                 key = (op, variant, name)
                 ctx.say(f"[{time.time() - t0:.0f}s] {op} {variant} {name}, us:", end="")
                 for m in ms:
@@ -700,14 +940,18 @@ def main():
 
     rows = []
     for (op, variant, name), by_m in results.items():
+        # fp8 rows against the separate quantization, the others against the compiled epilogue
+        base_name, base_variant = ((SEPARATE_QUANT, "fp8") if variant == "fp8"
+                                   else (baseline, "plain"))
+        base_us = results.get((op, base_variant, base_name), {}) if name != base_name else {}
+        has_protocol = hasattr(impls[name], "protocol")  # mhccl's path, where mhccl runs
         for m, us in sorted(by_m.items()):
-            base = results.get((op, "plain", baseline), {}).get(m) if name != baseline else None
             rows.append({
                 "op": f"allreduce_mhc.{op}", "variant": variant, "impl": name,
-                "protocol": impls[name].protocol(op, m) if name == "mhccl" else name,
+                "protocol": impls[name].protocol(op, m) if has_protocol else name,
                 "tp": ctx.tp, "m": m, "hidden": H, "hc": 1 if name == "flashinfer_ar_rmsnorm" else HC,
-                "us_median": us, "baseline": baseline if name != baseline else "none",
-                "baseline_us": base, "commit": commit})
+                "us_median": us, "baseline": base_name if name != base_name else "none",
+                "baseline_us": base_us.get(m), "commit": commit})
     print_tables(ctx, results, ms, args.ops, baseline)
 
     if ctx.rank == 0:
@@ -720,7 +964,8 @@ def main():
                "timing": {"calls_per_graph": args.calls_per_graph, "launches": args.launches,
                           "repeats": args.repeats, "warmup": args.warmup, "sets": args.sets,
                           "compile": "static" if args.static_compile else "automatic dynamic",
-                          "compile_options": compile_options(args)},
+                          "compile_options": compile_options(args), "variants": args.variants,
+                          "fp8_scales": "ue8m0" if args.fp8_ue8m0 else "fp32"},
                "rows": rows}
         if args.json:
             with open(args.json, "w") as f:

@@ -205,11 +205,13 @@ if [[ " $stages " == *" agsweep "* ]]; then
   done
 fi
 if [[ " $stages " == *" peers "* ]]; then
-  # bench/peers.py: the fused boundary (AllReduceMHC call and finalize, plain and mxfp8) against
-  # what a PyTorch user runs instead (eager and torch.compile; at TP=2 also NCCL and
-  # symmetric-memory one-shot all-reduce + the compiled epilogue, FlashInfer where it imports),
-  # each checked first (--check), then timed; JSON rows and a PNG plot per TP. PEERS_ARGS: more
-  # arguments (e.g. "--tokens 1,64,1024,4096 --eager-roundings").
+  # bench/peers.py: the fused boundary (AllReduceMHC call and finalize, plain, mxfp8 and fp8)
+  # against what a PyTorch user runs instead (eager and torch.compile; at TP=2 also NCCL and
+  # symmetric-memory one-shot all-reduce + the compiled epilogue, FlashInfer where it imports;
+  # fp8 also against mhccl plain + a torch.compile'd per-token-group quantization), each checked
+  # first (--check), then timed; JSON rows and a PNG plot per TP. PEERS_ARGS: more arguments
+  # (e.g. "--tokens 1,64,1024,4096 --eager-roundings", "--variants plain,fp8"). The timeouts
+  # leave room for the fp8 rows' compiles (not yet measured).
   if ! (cd /tmp && python3 -c "import mhccl") 2>/dev/null; then  # the python stage installs it
     stamp "peers: pip install ."
     CMAKE_ARGS="-DMHCCL_EXTRA_INCLUDE_DIR=$(pwd)/.deps/include -DCMAKE_CUDA_ARCHITECTURES=90" python3 -m pip install -q \
@@ -217,13 +219,13 @@ if [[ " $stages " == *" peers "* ]]; then
     echo "pip rc=$?"; tail -3 "$OUT/pip-peers.log"
   fi
   stamp "peers: TP=1"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/peers.py --check \
+  PYTHONUNBUFFERED=1 timeout 480 python3 bench/peers.py --check \
     --json "$OUT/peers-tp1.json" --plot "$OUT/peers-tp1.png" ${PEERS_ARGS:-} > "$OUT/peers-tp1.log" 2>&1
   echo "peers tp1 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp1.log" | head -20
   sed -n '/^TP=1, H=/,$p' "$OUT/peers-tp1.log" | head -70
   if [[ $N -ge 2 ]]; then
     stamp "peers: TP=2 (torchrun)"
-    PYTHONUNBUFFERED=1 timeout 420 torchrun --nproc-per-node 2 bench/peers.py --check \
+    PYTHONUNBUFFERED=1 timeout 540 torchrun --nproc-per-node 2 bench/peers.py --check \
       --json "$OUT/peers-tp2.json" --plot "$OUT/peers-tp2.png" ${PEERS_ARGS:-} > "$OUT/peers-tp2.log" 2>&1
     echo "peers tp2 rc=$?"; grep -E "FAIL|DIFFER|skipped|failed|Error" "$OUT/peers-tp2.log" | head -20
     sed -n '/^TP=2, H=/,$p' "$OUT/peers-tp2.log" | head -70
