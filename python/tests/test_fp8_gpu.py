@@ -35,7 +35,10 @@ def per_token_group_quant_fp8(x, ue8m0):
     g = h // GROUP
     groups = x.float().view(m, g, GROUP)
     amax = groups.abs().amax(-1).clamp(min=1e-10)  # FP32
-    s = amax / 448.0
+    # IEEE division by 448, as vLLM's CUDA kernel's `absmax / max_8bit`: divided by a tensor, not
+    # by the Python float, which PyTorch's CUDA division turns into a multiplication by its
+    # reciprocal (1 ulp off in some scales: measured on one H200, session 7).
+    s = amax / torch.full_like(amax, 448.0)
     if ue8m0:
         s = pow2_ceil(s)
     q = (groups / s[:, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)

@@ -207,7 +207,7 @@ def test_opcheck_on_cuda(op, finalize, variant):
         values = values.view(torch.uint8)
     torch.library.opcheck(getattr(torch.ops.mhccl, name + "_out"),
                           (op._handle, *lead, *epi, "auto", o["residual_out"], o.get("layer_input"),
-                           values, scales))
+                           values, scales, None, None))
 
 
 def test_opcheck_all_gather_on_cuda(gather):

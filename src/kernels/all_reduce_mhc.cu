@@ -337,6 +337,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
                     p.state, p.err);
 }
 
+// y = bf16(y) for the reduced pack summed over `inputs` BF16 slots. A sum of one BF16 input
+// (TP=1's x, finalize's x, a two-shot reduced row) from +0.0 is a BF16 value already: the
+// rounding is skipped there (it is exact, and a NaN stays a NaN, which every output rounds
+// to the same BF16 NaN), which saves 4 conversions a pack, the cost of the collapse's rounding
+// (one H200, session 7: with both, the direct call at M = 4096 was 3.5% slower).
+template <ConsumerInput IN>
+__device__ __forceinline__ void round_sum_to_bf16(float (&y)[8], int inputs) {
+  if (IN == ConsumerInput::kPoll && inputs > 1) unpack_bf16(pack_bf16(y), y);
+}
+
 // The fused epilogue of one row's pack, once y (the reduced BF16 pack, as floats) is known:
 // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] *
 // residual_out[t]; p = bf16(c); layer_input = bf16(p * rsqrt(mean(p^2) + eps) * norm_weight);
@@ -587,7 +597,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
 #pragma unroll
       for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(0.0f, f[e]);  // -0.0 -> +0.0, as the protocols
     }
-    unpack_bf16(pack_bf16(y), y);
+    round_sum_to_bf16<IN>(y, p.nslots);
   }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
@@ -633,14 +643,15 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     constexpr int kRows = 4;
     const uint4* x = static_cast<const uint4*>(p.x);
     for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
-      const uint32_t fault = load_fault_warp(p.err);
+      const uint32_t lanes = __activemask();
+      const uint32_t fault = load_fault_one_lane(p.err, lanes);
       uint4 v[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
         if (row < p.m) v[u] = ld_input(x + row * np + pack);
       }
-      if (!allowed(fault, r0)) return;
+      if (!allowed(share_fault(fault, lanes), r0)) return;
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
@@ -668,14 +679,15 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
       const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
-      const uint32_t fault = load_fault_warp(p.err);
+      const uint32_t lanes = __activemask();
+      const uint32_t fault = load_fault_one_lane(p.err, lanes);
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
       if (more) load_routes(row + count, next);
       fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
                      pack == 0);
-      if (!allowed(fault, row)) return;
+      if (!allowed(share_fault(fault, lanes), row)) return;
       store(row, add_shared_expert(acc, shared));
       if (more) {
 #pragma unroll
@@ -684,9 +696,10 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     }
   } else if (active) {
     for (int64_t row = index; row < p.m; row += count) {
-      const uint32_t fault = load_fault_warp(p.err);
+      const uint32_t lanes = __activemask();
+      const uint32_t fault = load_fault_one_lane(p.err, lanes);
       const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-      if (!allowed(fault, row)) return;
+      if (!allowed(share_fault(fault, lanes), row)) return;
       store(row, v);
     }
   }
@@ -841,7 +854,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
 #pragma unroll
         for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(y[e], f[e]);  // -0.0 -> +0.0, as the protocols
       }
-      unpack_bf16(pack_bf16(y), y);
+      round_sum_to_bf16<IN>(y, inputs);
       if constexpr (IN == ConsumerInput::kFinalize) {
 #pragma unroll
         for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
