@@ -643,15 +643,14 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     constexpr int kRows = 4;
     const uint4* x = static_cast<const uint4*>(p.x);
     for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
-      const uint32_t lanes = __activemask();
-      const uint32_t fault = load_fault_one_lane(p.err, lanes);
+      const uint32_t fault = load_fault(p.err);
       uint4 v[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
         if (row < p.m) v[u] = ld_input(x + row * np + pack);
       }
-      if (!allowed(share_fault(fault, lanes), r0)) return;
+      if (!allowed(fault, r0)) return;
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int64_t row = r0 + u * count;
@@ -679,15 +678,14 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
       const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
-      const uint32_t lanes = __activemask();
-      const uint32_t fault = load_fault_one_lane(p.err, lanes);
+      const uint32_t fault = load_fault(p.err);
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
       if (more) load_routes(row + count, next);
       fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
                      pack == 0);
-      if (!allowed(share_fault(fault, lanes), row)) return;
+      if (!allowed(fault, row)) return;
       store(row, add_shared_expert(acc, shared));
       if (more) {
 #pragma unroll
@@ -696,10 +694,9 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     }
   } else if (active) {
     for (int64_t row = index; row < p.m; row += count) {
-      const uint32_t lanes = __activemask();
-      const uint32_t fault = load_fault_one_lane(p.err, lanes);
+      const uint32_t fault = load_fault(p.err);
       const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-      if (!allowed(share_fault(fault, lanes), row)) return;
+      if (!allowed(fault, row)) return;
       store(row, v);
     }
   }

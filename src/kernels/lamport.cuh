@@ -160,19 +160,6 @@ __device__ __forceinline__ uint32_t call_of(const WaitSite& site) {  // error pa
 __device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
   return cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault).load(cuda::memory_order_relaxed);
 }
-// The same for loops in which every lane would load the word each iteration (the streaming
-// publishers): one strong load a warp instead of 32 (strong loads of one address by many warps
-// serialize: the note on read_generation_cta below). The lowest lane of `lanes` (the converged
-// lanes, __activemask()) loads, the others return 0; share_fault then gives every lane of
-// `lanes` the word. Load early, share late: the shuffle waits for the load, so share where the
-// word is needed, after the row's own loads were issued (sharing at the load held the finalize
-// publishers back by a round trip a row: +12% at M = 1024, one H200, session 7).
-__device__ __forceinline__ uint32_t load_fault_one_lane(const ErrorSink& e, uint32_t lanes) {
-  return static_cast<int>(threadIdx.x & 31u) == __ffs(lanes) - 1 ? load_fault(e) : 0u;
-}
-__device__ __forceinline__ uint32_t share_fault(uint32_t loaded, uint32_t lanes) {
-  return __reduce_or_sync(lanes, loaded);
-}
 // A wait of this rank for `waited_for` expired: every rank's fault word (this one's too) names
 // this rank, unless an earlier fault already stands there (the first one stays).
 __device__ __forceinline__ void raise_fault(const ErrorSink& e, int waited_for) {
