@@ -647,21 +647,31 @@ def padded_fp8_scales(scales, m: int):
 
 def check_fp8(ctx: Ctx, inp: Inputs, fused: Mhccl, separate, op: str, s: int, m: int, streams,
               layer_input):
-    """The fp8 build against the plain call's streams and layer_input: its streams and layer
-    input identical, its values and scales (every float, the padding rows 0) bit-identical to
-    quantize_fp8_groups of the plain layer input run eagerly; then the values and the [m, G]
-    scales of separate (the compiled quantization; None where it was not built) likewise.
-    Returns (ok, the report line)."""
+    """The fp8 build against the plain call's streams and layer_input: its streams identical,
+    its layer input within 1 ulp (the RMS sum's FP32 order follows the CTA tiling, which the
+    FP8 groups of 16 packs change at some M: at M = 32, 3 CTAs a row of 224 packs instead of
+    216; SPEC.md promises the layer input within 1 ulp, not one order), its values and scales
+    (every float, the padding rows 0) bit-identical to quantize_fp8_groups of its own layer
+    input run eagerly; then the values and the [m, G] scales of separate (the compiled
+    quantization of the plain call's layer input; None where it was not built) against
+    quantize_fp8_groups of that one. Returns (ok, the report line)."""
     import mhccl
 
     values, scales = inp.fp8(s, m)
     padded_fp8_scales(scales, m).fill_(float("nan"))  # the kernel writes every float of them
     fp8_streams, fp8_li = fused.run(op, "fp8", s, m)
-    want_values = torch.empty_like(values)
-    want_scales = mhccl.empty_fp8_group_scales(m, H, ctx.device)
-    padded_fp8_scales(want_scales, m).zero_()
-    quantize_fp8_groups(layer_input, inp.fp8_max, want_values, want_scales, ctx.args.fp8_ue8m0)
-    as_plain = bits_differ(fp8_streams, streams) == 0 and bits_differ(fp8_li, layer_input) == 0
+
+    def quantized(li):
+        want_values = torch.empty_like(values)
+        want_scales = mhccl.empty_fp8_group_scales(m, H, ctx.device)
+        padded_fp8_scales(want_scales, m).zero_()
+        quantize_fp8_groups(li, inp.fp8_max, want_values, want_scales, ctx.args.fp8_ue8m0)
+        return want_values, want_scales
+
+    want_values, want_scales = quantized(fp8_li)
+    li_apart = bits_differ(fp8_li, layer_input)
+    li_ulps = int(ulp_diff(fp8_li, layer_input).max().item())
+    as_plain = bits_differ(fp8_streams, streams) == 0 and li_ulps <= 1
     bad = (bits_differ(values, want_values),
            bits_differ(padded_fp8_scales(scales, m), padded_fp8_scales(want_scales, m)))
     ok = as_plain and bad == (0, 0)
@@ -671,12 +681,14 @@ def check_fp8(ctx: Ctx, inp: Inputs, fused: Mhccl, separate, op: str, s: int, m:
             return "bit-identical"
         return f"DIFFER ({bad_values} of {values.numel()} values, {bad_scales} scales)"
 
-    line = (f"fp8 build: streams and layer input {'identical' if as_plain else 'DIFFER'}, values "
-            f"and scales vs PyTorch's quantization of the plain layer input: eager "
-            f"{verdict(*bad)}")
+    li_words = "identical" if li_apart == 0 else f"{li_apart} elements {li_ulps} ulp apart"
+    line = (f"fp8 build: streams {'identical' if bits_differ(fp8_streams, streams) == 0 else 'DIFFER'}"
+            f" and layer input {li_words} (vs the plain build's), values and scales vs PyTorch's "
+            f"quantization of its layer input: eager {verdict(*bad)}")
     if separate is None:
         return ok, line + f", {SEPARATE_QUANT} not built"
     separate.run(op, "fp8", s, m)
+    want_values, want_scales = quantized(layer_input)
     bad = (bits_differ(values, want_values), bits_differ(scales, want_scales))
     return ok and bad == (0, 0), line + f", {separate.name} {verdict(*bad)}"
 
