@@ -41,7 +41,10 @@ def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) ->
     float included), ValueError outside [lo, hi] (the C++ type's range unless narrower)."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    v = operator.index(value)
+    try:
+        v = operator.index(value)
+    except TypeError:  # e.g. a float tensor or an array of several elements, which have __index__
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
     if not lo <= v <= hi:
         raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v}")
     return v
@@ -57,7 +60,13 @@ def _float_arg(name: str, value: Any) -> float:
     """An int or float (not bool, not str) as a float."""
     if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # e.g. an int beyond the float range
+        raise ValueError(f"{name}: expected a finite float, got {type(value).__name__} beyond the "
+                         "float range") from None
+    except (TypeError, ValueError):  # e.g. a tensor of several elements, which has __float__
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}") from None
 
 
 def _str_arg(name: str, value: Any) -> str:
@@ -161,7 +170,7 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
 
     Args:
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
-            buffer), or that view already (returned as it is).
+            buffer), or that view already over storage of Mp * G floats (returned as it is).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
 
     Returns: ``scales.as_strided((m, G), (1, Mp))``, sharing its storage.
@@ -169,7 +178,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     Raises:
         TypeError: ``scales`` is not a tensor, or ``m`` / ``hidden`` not ints.
         ValueError: a dtype other than float32, a wrong element count, a non-contiguous tensor
-            other than the view, or ``m`` / ``hidden`` out of range.
+            other than the view, the view over storage short of the padding rows, or ``m`` /
+            ``hidden`` out of range.
     """
     import torch
 
@@ -179,6 +189,7 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     if scales.dtype != torch.float32:
         raise ValueError(f"scales: expected dtype float32, got {scales.dtype}")
     if _is_fp8_scales_view(scales, m, groups, mp):
+        _check_fp8_scale_storage(scales, m, hidden, "scales")
         return scales
     if scales.numel() != floats or not scales.is_contiguous():
         raise ValueError(f"scales: expected a contiguous tensor of {floats} float32 elements "
@@ -213,7 +224,7 @@ def _is_fp8_scales_view(t, m, groups, mp) -> bool:
             and (groups == 1 or t.stride(1) == mp))
 
 
-def _check_fp8_scale_storage(scales, m, hidden) -> None:
+def _check_fp8_scale_storage(scales, m, hidden, name="fp8 scales") -> None:
     """The kernels write all Mp * G floats of the scales, the padding rows too: an [M, G] view
     must sit over storage that holds them (which the C++ check cannot see through DLPack)."""
     import torch
@@ -225,24 +236,27 @@ def _check_fp8_scale_storage(scales, m, hidden) -> None:
         return  # a flat tensor: the C++ check counts its elements
     held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
     if held < mp * groups:
-        raise ValueError(f"fp8 scales: the view [{m}, {groups}] with strides (1, {mp}) must lie over "
+        raise ValueError(f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over "
                          f"{mp * groups} floats (fp8_group_scale_rows({m}) * {groups}: the kernels "
                          f"write the padding rows too), its storage holds {held} from its offset "
                          "(allocate with mhccl.empty_fp8_group_scales)")
 
 
 def _device_index(device: Any) -> int:
-    """The CUDA device number of an int, a torch.device('cuda[:N]') or a 'cuda[:N]' string."""
+    """The CUDA device number of an int (NumPy's too), a torch.device('cuda[:N]') or a 'cuda[:N]'
+    string, in [0, 2**31) (the C++ API's int)."""
     bad = ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
                      f"got {device!r}")
-    if isinstance(device, bool) or not (isinstance(device, (int, str))
+    is_int = not isinstance(device, (bool, str)) and hasattr(type(device), "__index__")
+    if isinstance(device, bool) or not (is_int or isinstance(device, str)
                                         or getattr(device, "type", None) is not None):
         raise TypeError(f"device: expected an int, a 'cuda:N' str or a torch.device, "
                         f"got {type(device).__name__} {device!r}")
-    if isinstance(device, int):
-        if device < 0:
+    if is_int:
+        index = _int_arg("device", device)
+        if not 0 <= index < 2**31:
             raise bad
-        return device
+        return index
     if isinstance(device, str):
         text = device.strip()
     else:  # torch.device
@@ -253,7 +267,7 @@ def _device_index(device: Any) -> int:
         text = "cuda"
     if text.startswith("cuda:"):
         number = text.split(":", 1)[1]
-        if not number.isdigit():
+        if not (number.isascii() and number.isdigit()) or int(number) >= 2**31:  # not "²"
             raise bad
         return int(number)
     if text == "cuda":
@@ -295,6 +309,9 @@ def _group_layout(group: Any) -> Tuple[Any, int, int]:
         group = _engine_tp_group()
         if group is None:
             group = dist.group.WORLD
+    elif not isinstance(group, getattr(dist, "ProcessGroup", ())):
+        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, "
+                        f"got {type(group).__name__}")
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -341,13 +358,25 @@ def _stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _bytes_view(t):
-    """float8_e4m3fn and float8_e8m0fnu tensors as uint8, which every DLPack version carries;
-    other dtypes go to the C++ checks as they are (which take uint8/int8 and refuse the rest)."""
+def _bytes_view(t, name, fp8):
+    """``t`` as uint8 where its dtype is ``torch.<fp8>`` (float8_e4m3fn values, float8_e8m0fnu
+    MXFP8 scales), which every DLPack version carries. Another 8-bit float is refused here (as
+    uint8 it would pass the C++ check, which takes raw bytes); other dtypes go to the C++ checks
+    as they are (which take uint8/int8 and refuse the rest)."""
     import torch
 
-    fp8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e8m0fnu") if hasattr(torch, n))
-    return t.view(torch.uint8) if t is not None and t.dtype in fp8 else t
+    if t is None or not t.dtype.is_floating_point or t.element_size() != 1:
+        return t
+    if t.dtype != getattr(torch, fp8, None):
+        raise ValueError(f"{name}: expected dtype {fp8} (or uint8/int8), got {t.dtype}")
+    return t.view(torch.uint8)
+
+
+def _quantized_bytes(values, scales, fp8_values):
+    """The 8-bit outputs of a call as the C++ API takes them (``_bytes_view``)."""
+    return (_bytes_view(values, "mxfp8 values", "float8_e4m3fn"),
+            _bytes_view(scales, "mxfp8 scales", "float8_e8m0fnu"),
+            _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
 
 
 def _packed(t):
@@ -496,6 +525,23 @@ class AllReduceMHC:
                                       device=residual.device)
         return residual_out, layer_input, values, scales, fp8_values, fp8_scales
 
+    def _rows(self, name, t):
+        """M of a call from its leading [M, H] tensor, in [1, max_num_tokens]: checked as the C++
+        check does, but before any output is allocated or input copied (an expanded tensor of
+        many rows, stride 0, would otherwise be allocated for and copied first). M's range is not
+        checked while Dynamo traces (it would guard on M and raise at compile time): the op's real
+        implementation checks it when the compiled code runs."""
+        import torch
+
+        if t.dim() != 2 or t.shape[1] != self.hidden_size:
+            got = "a scalar" if t.dim() == 0 else str(list(t.shape))
+            raise ValueError(f"{name}: expected shape [M, {self.hidden_size}], got {got}")
+        m = t.shape[0]
+        if not torch.compiler.is_compiling() and not 1 <= m <= self.capacity:
+            raise ValueError(f"{name}: expected M (rows) in [1, {self.capacity}] (max_num_tokens), "
+                             f"got M={m}")
+        return m
+
     def _epilogue_inputs(self, m, residual, post, comb, pre, norm_weight, norm_eps):
         residual = _tensor_arg("residual", residual)
         post = _tensor_arg("post", post)
@@ -518,26 +564,26 @@ class AllReduceMHC:
 
     def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
                      layer_input, values, scales, fp8_values=None, fp8_scales=None):
-        m = x.shape[0]
+        m = self._rows("x", x)
         _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
+        quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
-        self._op.call(_packed(x), *ins, eps, residual_out, layer_input, _bytes_view(values),
-                      _bytes_view(scales), _bytes_view(fp8_values), fp8_scales,
+        self._op.call(_packed(x), *ins, eps, residual_out, layer_input, *quantized, fp8_scales,
                       _stream(self._device), protocol)
 
     def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                          shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
                          residual_out, layer_input, values, scales, fp8_values=None,
                          fp8_scales=None):
-        m, k = shared_output.shape[0], self.top_k
+        m, k = self._rows("shared_output", shared_output), self.top_k
         _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
+        quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.finalize(_packed(gemm2_permuted),
                           _packed(_by_count(expert_weights, (m, k))),
                           _packed(_by_count(expanded_idx_to_permuted_idx, (m, k))),
                           _packed(shared_output), *ins, eps, residual_out, layer_input,
-                          _bytes_view(values), _bytes_view(scales), _bytes_view(fp8_values),
-                          fp8_scales, _stream(self._device), protocol)
+                          *quantized, fp8_scales, _stream(self._device), protocol)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
@@ -577,7 +623,8 @@ class AllReduceMHC:
         it, where it would read or write out of bounds or lose a result: dtypes, devices and the
         shapes of x, residual and norm_weight ([H] exactly) are checked; outputs must be
         contiguous and 16-byte aligned (the module's ``.flatten()`` of a non-contiguous output
-        writes into a copy).
+        writes into a copy). Outputs may not overlap the inputs or each other, except
+        ``residual_out`` being ``residual`` itself (not checked).
 
         Returns: (residual_out [M, hc, H] BF16, layer_input [M, H] BF16 or None): the given
         outputs, else new tensors.
@@ -589,9 +636,7 @@ class AllReduceMHC:
             RuntimeError: a CUDA or NCCL failure, or a peer timeout (the group is then unusable).
         """
         x = _tensor_arg("x", x)
-        if x.dim() < 1:
-            raise ValueError(f"x: expected shape [M, {self.hidden_size}], got a scalar")
-        m = x.shape[0]
+        m = self._rows("x", x)
         residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
             m, residual, post, comb, pre, norm_weight, norm_eps)
         protocol = _str_arg("protocol", protocol)
@@ -632,9 +677,7 @@ class AllReduceMHC:
         expert_weights = _tensor_arg("expert_weights", expert_weights)
         idx = _tensor_arg("expanded_idx_to_permuted_idx", expanded_idx_to_permuted_idx)
         shared_output = _tensor_arg("shared_output", shared_output)
-        if shared_output.dim() < 1:
-            raise ValueError(f"shared_output: expected shape [M, {self.hidden_size}], got a scalar")
-        m = shared_output.shape[0]
+        m = self._rows("shared_output", shared_output)
         _mix_count_error("expert_weights", expert_weights, (m, self.top_k))
         _mix_count_error("expanded_idx_to_permuted_idx", idx, (m, self.top_k))
         residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
@@ -691,12 +734,25 @@ class LamportAllGather:
         self._handle = _ops.register_instance(self)
 
     def accepts(self, inp) -> bool:
-        """Whether ``inp`` fits: 16 to ``rank_capacity_bytes`` bytes, a multiple of 16."""
+        """Whether ``inp`` fits: at least one dimension, 16 to ``rank_capacity_bytes`` bytes, a
+        multiple of 16."""
         inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
-        return 0 < nbytes <= self.rank_capacity_bytes and nbytes % 16 == 0
+        return inp.dim() >= 1 and 0 < nbytes <= self.rank_capacity_bytes and nbytes % 16 == 0
+
+    def _check_size(self, inp) -> None:
+        """What ``accepts`` decides, as the C++ check says it, but before the output is allocated
+        or ``inp`` copied (an expanded ``inp``, stride 0, may stand for far more bytes than it
+        holds)."""
+        if inp.dim() == 0:
+            raise ValueError("inp: expected at least one dimension, got a scalar")
+        if not self.accepts(inp):
+            raise ValueError(f"inp: expected a multiple of 16 bytes, from 16 to "
+                             f"{self.rank_capacity_bytes} (rank_capacity_bytes), got "
+                             f"{inp.numel() * inp.element_size()} bytes: {list(inp.shape)} {inp.dtype}")
 
     def _launch(self, inp, out):
+        self._check_size(inp)
         self._op.call(_packed(inp), out, _stream(self._device))
 
     def __call__(self, inp):

@@ -32,8 +32,11 @@ and a trailing bool flag).
 
 The implementations are registered for every device type, not only CUDA, so that a CPU tensor
 reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
-rather than the dispatcher's "no kernel for CPU". Registration is lazy (``ensure_registered``, run when the first instance is built), so that
-``import mhccl`` imports no torch.
+rather than the dispatcher's "no kernel for CPU". The fake implementations refuse tensors on
+different devices: a meta tensor among real ones sends a call to them (the Meta key outranks
+the others), which would otherwise launch nothing and raise nothing. Registration is lazy
+(``ensure_registered``, run when the first instance is built), so that ``import mhccl`` imports
+no torch.
 """
 
 import itertools
@@ -133,6 +136,17 @@ def _define() -> None:
                         .as_strided((m, groups), (1, mp)))
         return outs
 
+    def same_device(**tensors):
+        """For the fake implementations: every tensor argument on one device. They also run for
+        meta tensors among real ones (the dispatcher's Meta key outranks CUDA's), where a call
+        would otherwise launch nothing and raise nothing (say with a weight never materialized)."""
+        named = [(name, t) for name, t in tensors.items() if t is not None]
+        first, device = named[0][0], named[0][1].device
+        for name, t in named[1:]:
+            if t.device != device:
+                raise ValueError(f"{name}: expected a tensor on {device} ({first}'s device), "
+                                 f"got {t.device}")
+
     def split(outs, has_pre, with_mxfp8, with_fp8):
         residual_out = outs[0]
         layer_input = outs[1] if has_pre else None
@@ -157,6 +171,9 @@ def _define() -> None:
     @all_reduce_mhc_out.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
           layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
+        same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
+                    residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
+                    mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
@@ -166,7 +183,7 @@ def _define() -> None:
                        protocol: str = "auto", with_mxfp8: bool = False,
                        with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
-        outs = new_outputs(op, x.shape[0], x.device, pre is not None, with_mxfp8, with_fp8,
+        outs = new_outputs(op, op._rows("x", x), x.device, pre is not None, with_mxfp8, with_fp8,
                            torch.empty)
         op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
                         *split(outs, pre is not None, with_mxfp8, with_fp8))
@@ -175,6 +192,7 @@ def _define() -> None:
     @all_reduce_mhc.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
           with_mxfp8=False, with_fp8=False):
+        same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
         return new_outputs(instance(handle), x.shape[0], x.device, pre is not None, with_mxfp8,
                            with_fp8, torch.empty)
 
@@ -201,6 +219,12 @@ def _define() -> None:
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
           residual, post, comb, pre, norm_weight, eps, protocol, residual_out, layer_input,
           mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
+        same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
+                    expert_weights=expert_weights,
+                    expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
+                    post=post, comb=comb, pre=pre, norm_weight=norm_weight,
+                    residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
+                    mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
@@ -212,7 +236,7 @@ def _define() -> None:
                                 protocol: str = "auto", with_mxfp8: bool = False,
                                 with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
-        m = shared_output.shape[0]
+        m = op._rows("shared_output", shared_output)
         outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, with_fp8,
                            torch.empty)
         op._launch_finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
@@ -224,6 +248,10 @@ def _define() -> None:
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
           residual, post, comb, pre, norm_weight, eps, protocol="auto", with_mxfp8=False,
           with_fp8=False):
+        same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
+                    expert_weights=expert_weights,
+                    expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
+                    post=post, comb=comb, pre=pre, norm_weight=norm_weight)
         return new_outputs(instance(handle), shared_output.shape[0], shared_output.device,
                            pre is not None, with_mxfp8, with_fp8, torch.empty)
 
@@ -239,12 +267,14 @@ def _define() -> None:
 
     @all_gather_out.register_fake
     def _(handle, inp, out):
+        same_device(inp=inp, out=out)
         return None
 
     @torch.library.custom_op("mhccl::all_gather", mutates_args=(),
                              schema="(int handle, Tensor inp) -> Tensor")
     def all_gather(handle: int, inp: Tensor) -> Tensor:
         op = instance(handle)
+        op._check_size(inp)
         out = gathered(op, inp, torch.empty)
         op._launch(inp, out)
         return out

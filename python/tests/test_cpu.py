@@ -92,6 +92,11 @@ def test_fp8_group_scale_bytes_argument_checks():
             mhccl.fp8_group_scale_bytes(m, h)
     with pytest.raises(TypeError, match="^m: expected an int"):
         mhccl.fp8_group_scale_rows(4.0)
+    # NumPy arrays have __index__ but refuse it for several elements or floats: still named.
+    with pytest.raises(TypeError, match="^m: expected an int, got ndarray"):
+        mhccl.fp8_group_scale_bytes(np.zeros(2, np.int64), 5120)
+    with pytest.raises(TypeError, match="^hidden: expected an int, got ndarray"):
+        mhccl.mxfp8_scale_bytes(4, np.array([128.0]))
     # The C++ domain ends at 2**62 bytes: the largest M that fits at H = 128 (G = 1) and one past.
     top = 2**60
     assert mhccl.fp8_group_scale_bytes(top, 128) == 2**62 == _api._lib().fp8_group_scale_bytes(top, 128)
@@ -209,12 +214,15 @@ def test_communicator_is_weak_referenceable():
     assert _api._lib().Communicator.__weakrefoffset__ != 0
 
 
-@pytest.mark.parametrize("device, index", [(0, 0), (3, 3), ("cuda:0", 0), ("cuda:2", 2), (" cuda:1", 1)])
+@pytest.mark.parametrize("device, index", [(0, 0), (3, 3), ("cuda:0", 0), ("cuda:2", 2), (" cuda:1", 1),
+                                           (np.int64(1), 1), (np.int32(2), 2), (2**31 - 1, 2**31 - 1)])
 def test_device_forms(device, index):
     assert _api._device_index(device) == index
 
 
-@pytest.mark.parametrize("device", [-1, "cpu", "cuda:x", "cuda:-1", "gpu"])
+# Beyond the C++ int (2**31 and up), or a digit int() refuses ("²"): named, not nanobind's TypeError.
+@pytest.mark.parametrize("device", [-1, "cpu", "cuda:x", "cuda:-1", "gpu", np.int64(-1), 2**31, 2**40,
+                                    "cuda:2147483648", "cuda:²"])
 def test_bad_devices_are_value_errors(device):
     with pytest.raises(ValueError, match="device: expected a CUDA device"):
         _api._device_index(device)

@@ -61,6 +61,14 @@ def test_group_defaults_to_vllms_tp_group(world, monkeypatch):
     assert _api._group_layout(other)[0] is other  # an explicit group wins
 
 
+def test_group_of_a_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="^group: expected a torch.distributed ProcessGroup or None, got str"):
+        _api._group_layout("world")
+    with pytest.raises(TypeError, match="^group: expected a torch.distributed ProcessGroup"):
+        mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=64, top_k=TOP_K, device=0,
+                           group=object())
+
+
 def test_group_falls_back_to_the_world_when_vllm_is_not_initialized(world, monkeypatch):
     def uninitialized():
         raise AssertionError("tensor model parallel group is not initialized")  # as vLLM's
@@ -354,6 +362,10 @@ def test_wrong_types_in_calls_are_type_errors():
         op(*args, 1e-6, fp8_out=(lead["x"],))
     with pytest.raises(TypeError, match=r"^fp8_out\[1\] \(scales\): expected a torch.Tensor, got int"):
         op(*args, 1e-6, fp8_out=(lead["x"], 4))
+    with pytest.raises(ValueError, match="^norm_eps: expected a finite float, got int beyond the float range"):
+        op(*args, 2**1024)  # float() raises OverflowError
+    with pytest.raises(TypeError, match="^norm_eps: expected a float, got Tensor"):
+        op(*args, torch.zeros(2))  # float() raises ValueError
     with pytest.raises(TypeError, match="^protocol: expected a str, got int"):
         op(*args, 1e-6, None, 2)
     with pytest.raises(TypeError, match="^residual_out: expected a torch.Tensor or None, got int"):
@@ -404,6 +416,11 @@ def test_fp8_group_scales_view_errors():
         mhccl.fp8_group_scales_view(torch.zeros(g, 8).t(), m, H)  # right count, not contiguous
     with pytest.raises(TypeError, match="^scales: expected a torch.Tensor, got list"):
         mhccl.fp8_group_scales_view([0.0] * 16, m, H)
+    # Shaped and strided as the view, over storage without the padding rows: not returned as it is.
+    with pytest.raises(ValueError, match=r"^scales: the view \[5, 2\] with strides \(1, 8\) must lie over 16"):
+        mhccl.fp8_group_scales_view(torch.empty_strided((m, g), (1, 8)), m, H)
+    with pytest.raises(ValueError, match=r"^scales: the view \[5, 1\] .* must lie over 8 floats"):
+        mhccl.fp8_group_scales_view(torch.zeros(m, 1), m, 128)  # G = 1: an unpadded [M, 1]
     with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
         mhccl.fp8_group_scales_view(torch.zeros(16), m, 96)
     with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
@@ -497,3 +514,175 @@ def test_fp8_and_mxfp8_outputs_together_reach_the_cpp_refusal(recording_op):
        mxfp8_out=mx, fp8_out=fp8)
     (_, args), = rec.calls
     assert all(a is not None for a in args[-6:-2])
+
+
+# --- checks before anything is allocated, copied or skipped ----------------------------------
+
+BIG = 2**40  # rows of an expanded tensor (stride 0): its outputs could never be allocated
+
+
+def _expanded(*shape, dtype=torch.float32):
+    return torch.zeros(1, *shape[1:], dtype=dtype).expand(*shape)
+
+
+@pytest.mark.parametrize("form", ["new", "given", "functional", "out"])
+def test_call_rows_are_checked_before_outputs_are_allocated(recording_op, form):
+    """M outside [1, max_num_tokens] is a ValueError before any output is allocated or input
+    copied: an expanded x of 2**40 rows used to be allocated for (RuntimeError of the allocator)."""
+    op, rec = recording_op
+    x, residual = _expanded(BIG, H, dtype=torch.bfloat16), _expanded(BIG, HC, H, dtype=torch.bfloat16)
+    post, comb, w = _expanded(BIG, HC), _expanded(BIG, HC, HC), torch.zeros(H, dtype=torch.bfloat16)
+    want = r"^x: expected M \(rows\) in \[1, 64\] \(max_num_tokens\), got M=1099511627776$"
+    with pytest.raises(ValueError, match=want):
+        if form == "new":
+            op(x, residual, post, comb, post, w, 1e-6)
+        elif form == "given":
+            op(x, residual, post, comb, post, w, 1e-6, layer_input=x)
+        elif form == "functional":
+            torch.ops.mhccl.all_reduce_mhc(op._handle, x, residual, post, comb, post, w, 1e-6)
+        else:
+            torch.ops.mhccl.all_reduce_mhc_out(op._handle, x, residual, post, comb, post, w, 1e-6,
+                                               "auto", residual, x, None, None, None, None)
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize("finalize", [False, True])
+@pytest.mark.parametrize("form", ["new", "given"])
+def test_compiled_calls_check_rows_when_they_run(recording_op, finalize, form):
+    """Under torch.compile(fullgraph=True) the range of M is left to the op's real implementation:
+    no guard on M and no compile-time error, the same ValueError as eager when the code runs."""
+    op, rec = recording_op
+    torch._dynamo.reset()
+
+    def step(lead, t, li):
+        fn = op.finalize if finalize else op
+        return fn(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6,
+                  **({} if li is None else dict(layer_input=li)))
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    name = "shared_output" if finalize else "x"
+    for m in (3, 65):
+        lead, t = _call_inputs(m, "cpu", finalize, "plain")
+        li = torch.zeros(m, H, dtype=torch.bfloat16) if form == "given" else None
+        if m == 65:
+            with pytest.raises(ValueError, match=rf"^{name}: expected M \(rows\) in \[1, 64\]"):
+                compiled(lead, t, li)
+        else:
+            res, _ = compiled(lead, t, li)
+            assert tuple(res.shape) == (m, HC, H)
+    assert len(rec.calls) == 1
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_finalize_rows_are_checked_before_outputs_are_allocated(recording_op, functional):
+    op, rec = recording_op
+    gemm2 = torch.zeros(TOP_K, H, dtype=torch.bfloat16)
+    weights, idx = _expanded(BIG, TOP_K), _expanded(BIG, TOP_K, dtype=torch.int32)
+    shared, residual = _expanded(BIG, H, dtype=torch.bfloat16), _expanded(BIG, HC, H, dtype=torch.bfloat16)
+    post, comb, w = _expanded(BIG, HC), _expanded(BIG, HC, HC), torch.zeros(H, dtype=torch.bfloat16)
+    args = (gemm2, weights, idx, shared, residual, post, comb, post, w, 1e-6)
+    with pytest.raises(ValueError, match=r"^shared_output: expected M \(rows\) in \[1, 64\]"):
+        if functional:
+            torch.ops.mhccl.all_reduce_mhc_finalize(op._handle, *args)
+        else:
+            op.finalize(*args)
+    assert rec.calls == []
+
+
+def test_leading_tensor_of_another_rank_is_named():
+    """A 1-D x (or shared_output) is named, not reported as a wrong count of the mixes."""
+    _ops.ensure_registered()
+    op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64)
+    lead, t = _call_inputs(2, "meta", True, "plain")
+    epilogue = (t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6)
+    with pytest.raises(ValueError, match=r"^x: expected shape \[M, 256\], got \[256\]$"):
+        op(torch.zeros(H, dtype=torch.bfloat16, device="meta"), *epilogue)
+    with pytest.raises(ValueError, match=r"^shared_output: expected shape \[M, 256\], got \[2, 1, 256\]$"):
+        op.finalize(lead["gemm2_permuted"], lead["expert_weights"], lead["expanded_idx_to_permuted_idx"],
+                    lead["shared_output"].view(2, 1, H), *epilogue)
+
+
+@pytest.mark.parametrize("case", ["call layer_input", "call norm_weight", "functional residual",
+                                  "finalize gemm2_permuted", "all_gather out"])
+def test_a_meta_tensor_among_real_ones_is_refused(recording_op, case):
+    """The dispatcher sends a call with any meta tensor to the fake implementation (Meta outranks
+    CPU and CUDA), which used to return without a launch or an error: the outputs were left as they
+    were, or new uninitialized ones returned. Refused, naming the tensor."""
+    op, rec = recording_op
+    m, bf = 2, torch.bfloat16
+    lead, t = _call_inputs(m, "cpu", case.startswith("finalize"), "plain")
+    meta = lambda v: v.to("meta")  # noqa: E731
+    epilogue = [t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6]
+    if case == "call layer_input":
+        want, run = "layer_input", lambda: op(*lead.values(), *epilogue,
+                                              layer_input=torch.zeros(m, H, dtype=bf, device="meta"))
+    elif case == "call norm_weight":
+        epilogue[4] = meta(epilogue[4])
+        want, run = "norm_weight", lambda: op(*lead.values(), *epilogue)
+    elif case == "functional residual":
+        epilogue[0] = meta(epilogue[0])
+        want, run = "residual", lambda: torch.ops.mhccl.all_reduce_mhc(op._handle, *lead.values(), *epilogue)
+    elif case == "finalize gemm2_permuted":
+        lead["gemm2_permuted"] = meta(lead["gemm2_permuted"])
+        want, run = "gemm2_permuted", lambda: op.finalize(*lead.values(), *epilogue)
+    else:
+        ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)
+        want, run = "out", lambda: torch.ops.mhccl.all_gather_out(
+            ag._handle, torch.zeros(4, 4), torch.zeros(8, 4, device="meta"))
+    first = "shared_output" if case.startswith("finalize") else "inp" if want == "out" else "x"
+    with pytest.raises(ValueError, match=rf"^{want}: expected a tensor on cpu \({first}'s device\), got meta$"):
+        run()
+    assert rec.calls == []
+
+
+def test_all_gather_size_is_checked_before_anything_is_allocated(recording_op):
+    """An expanded inp of 2**40 rows: a ValueError, not the allocator's error for the output (or
+    the copy of inp); and a 0-d tensor, which the call refuses, is not accepted either."""
+    _, rec = recording_op
+    ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)
+    big = _expanded(BIG, 4)
+    want = r"^inp: expected a multiple of 16 bytes, from 16 to 4096 \(rank_capacity_bytes\), got 17592186044416 bytes"
+    with pytest.raises(ValueError, match=want):
+        ag(big)
+    with pytest.raises(ValueError, match=want):
+        torch.ops.mhccl.all_gather_out(ag._handle, big, torch.zeros(8, 4))
+    assert rec.calls == []
+    scalar = torch.zeros((), dtype=torch.complex128)  # 16 bytes
+    assert not ag.accepts(scalar) and not _api._lib().all_gather_accepts(4096, scalar)  # as the C++ twin
+    out = ag(torch.zeros(4, 4))
+    assert tuple(out.shape) == (8, 4) and len(rec.calls) == 1
+
+
+@pytest.mark.parametrize("pair,name,fp8", [
+    ("mxfp8", "mxfp8 values", "float8_e8m0fnu"), ("mxfp8", "mxfp8 values", "float8_e5m2"),
+    ("mxfp8", "mxfp8 scales", "float8_e4m3fn"), ("fp8", "fp8 values", "float8_e8m0fnu")])
+def test_quantized_outputs_of_another_float8_format_are_refused(recording_op, pair, name, fp8):
+    """float8 outputs reach the C++ checks as uint8 bytes, which it takes: a float8 format other
+    than the role's (E4M3 values, UE8M0 MXFP8 scales) used to pass unnoticed."""
+    op, rec = recording_op
+    m = 2
+    lead, t = _call_inputs(m, "cpu", False, "fp8")
+    dtype = getattr(torch, fp8)
+    values = torch.zeros(m, H, dtype=dtype if name.endswith("values") else torch.uint8)
+    if pair == "mxfp8":
+        scales = torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=dtype if name.endswith("scales") else torch.uint8)
+        kw = dict(mxfp8_out=(values, scales))
+    else:
+        kw = dict(fp8_out=(values, mhccl.empty_fp8_group_scales(m, H, "cpu")))
+    want = "float8_e8m0fnu" if name == "mxfp8 scales" else "float8_e4m3fn"
+    with pytest.raises(ValueError, match=rf"^{name}: expected dtype {want} \(or uint8/int8\), got torch.{fp8}$"):
+        op(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6, **kw)
+    assert rec.calls == []
+
+
+def test_mxfp8_outputs_of_their_float8_formats_reach_the_cpp_call_as_bytes(recording_op):
+    op, rec = recording_op
+    m = 2
+    lead, t = _call_inputs(m, "cpu", False, "mxfp8")
+    values = torch.zeros(m, H, dtype=torch.float8_e4m3fn)
+    scales = torch.zeros(mhccl.mxfp8_scale_bytes(m, H), dtype=torch.float8_e8m0fnu)
+    op(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6,
+       mxfp8_out=(values, scales))
+    (_, args), = rec.calls
+    assert args[-6].dtype == args[-5].dtype == torch.uint8
+    assert args[-6].data_ptr() == values.data_ptr() and args[-5].data_ptr() == scales.data_ptr()
