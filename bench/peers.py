@@ -31,8 +31,8 @@ Timing as mhccl-bench's: a CUDA graph of ``--calls-per-graph`` calls over ``--se
 input sets, ``--launches`` graph launches per timed repeat between CUDA events, the median of
 ``--repeats`` after ``--warmup`` launches, the slowest rank's median. ``--check`` first compares
 mhccl with SPEC.md's arithmetic (streams bit-exact, layer input within 1 ulp of FP64 from the
-BF16 collapse, the fp8 values and scales bit-identical to the PyTorch quantization of the
-plain layer input, eager and compiled: PASS or FAIL) and with the eager and compiled PyTorch
+BF16 collapse, the fp8 build's values and scales bit-identical to the PyTorch quantization of
+its layer input, the compiled separate quantization's to that of the plain one: PASS or FAIL) and with the eager and compiled PyTorch
 paths (the fraction of bit-identical streams, the layer input's ulps) at every M. ``--json``
 writes the rows (mhccl-bench's fields, plus ``impl``), ``--plot`` a log-log PNG of latency
 against M, one line per implementation and variant.
@@ -669,9 +669,10 @@ def check_fp8(ctx: Ctx, inp: Inputs, fused: Mhccl, separate, op: str, s: int, m:
         return want_values, want_scales
 
     want_values, want_scales = quantized(fp8_li)
+    streams_apart = bits_differ(fp8_streams, streams)
     li_apart = bits_differ(fp8_li, layer_input)
     li_ulps = int(ulp_diff(fp8_li, layer_input).max().item())
-    as_plain = bits_differ(fp8_streams, streams) == 0 and li_ulps <= 1
+    as_plain = streams_apart == 0 and li_ulps <= 1
     bad = (bits_differ(values, want_values),
            bits_differ(padded_fp8_scales(scales, m), padded_fp8_scales(want_scales, m)))
     ok = as_plain and bad == (0, 0)
@@ -682,7 +683,7 @@ def check_fp8(ctx: Ctx, inp: Inputs, fused: Mhccl, separate, op: str, s: int, m:
         return f"DIFFER ({bad_values} of {values.numel()} values, {bad_scales} scales)"
 
     li_words = "identical" if li_apart == 0 else f"{li_apart} elements {li_ulps} ulp apart"
-    line = (f"fp8 build: streams {'identical' if bits_differ(fp8_streams, streams) == 0 else 'DIFFER'}"
+    line = (f"fp8 build: streams {'identical' if streams_apart == 0 else 'DIFFER'}"
             f" and layer input {li_words} (vs the plain build's), values and scales vs PyTorch's "
             f"quantization of its layer input: eager {verdict(*bad)}")
     if separate is None:

@@ -148,8 +148,8 @@ if [[ " $stages " == *" abtree "* ]]; then
   # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
   trees=(${AB_TREES:-.ab-old})
   stamp "abtree: build ${trees[*]}"
+  gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
   for t in "${trees[@]}"; do
-    gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
     (cmake -S "$t" -B "$t/build-old" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCCL_EXTRA_INCLUDE_DIR="$(pwd)/.deps/include" &&
        cmake --build "$t/build-old" -j 16 --target mhccl-bench) > "$OUT/build-${t//[\/.]/}.log" 2>&1 &
   done
