@@ -12,6 +12,7 @@ and times both, eagerly and under a CUDA graph.
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=16, help="decode batch (rows per call)")
     m = parser.parse_args().tokens
+    if not torch.cuda.is_available():  # a clear reason, not torch's traceback on every rank
+        print("dsv41_decode_boundary.py: no CUDA device (torch.cuda.is_available() is False): this "
+              "example runs on GPUs", file=sys.stderr, flush=True)
+        sys.exit(2)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")

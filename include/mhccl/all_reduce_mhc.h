@@ -93,7 +93,7 @@ struct AllReduceMHCConfig {
 // Every tensor is a contiguous CUDA tensor on the communicator's device; BF16 and 8-bit tensors
 // 16-byte aligned, FP32/int32 ones 4-byte aligned. M is the number of rows of the call.
 // Outputs may not overlap inputs or each other, except residual_out == residual exactly (an
-// in-place update); overlap is not checked.
+// in-place update): an overlap of the byte ranges is an Error (kInvalidArgument) naming both.
 struct MHCEpilogueArgs {
   const DLTensor* residual = nullptr;     // [M, hc, H] BF16 residual streams
   const DLTensor* post = nullptr;         // [M, hc] or [M, hc, 1] FP32 post-mix

@@ -21,10 +21,15 @@ constexpr float kE4M3Max = 448.0f;      // largest finite E4M3 value
 constexpr uint8_t kUE8M0NaN = 0xFF;     // scale byte of a block whose amax is Inf or NaN
 
 // Bytes of the swizzled scale tensor of an [M, H] MXFP8 tensor:
-// 512 * ceil(M / 128) * ceil((H / 32) / 4). H must be a multiple of 32.
+// 512 * ceil(M / 128) * ceil((H / 32) / 4). -1 (never a wrong size) when m or hidden is
+// negative, hidden is not a multiple of 32, or the count would exceed int64 (computed without
+// overflow), as fp8_group_scale_bytes (mhccl/fp8_groups.h).
 MHCCL_HD int64_t mxfp8_scale_bytes(int64_t m, int64_t hidden) {
-  const int64_t s = hidden / kMxfp8BlockElems;
-  return 512 * ((m + 127) / 128) * ((s + 3) / 4);
+  if (m < 0 || hidden < 0 || hidden % kMxfp8BlockElems != 0) return -1;
+  const int64_t row_tiles = m / 128 + (m % 128 != 0);  // ceil without overflow at INT64_MAX
+  const int64_t k_tiles = (hidden / kMxfp8BlockElems + 3) / 4;
+  if (k_tiles != 0 && row_tiles > INT64_MAX / 512 / k_tiles) return -1;
+  return 512 * row_tiles * k_tiles;
 }
 
 // Byte offset of the scale of row r, block k (elements [32k, 32k+32)) in the 128x4 swizzled

@@ -10,6 +10,7 @@ published) ``RuntimeError``, with the C++ message; argument errors before anythi
 from __future__ import annotations
 
 import importlib
+import os
 import operator
 import sys
 import weakref
@@ -27,6 +28,15 @@ def _lib():
         try:
             _EXT = importlib.import_module("mhccl._mhccl")
         except ImportError as e:  # no CUDA runtime / NCCL library on this machine, or not built
+            here = os.path.dirname(os.path.abspath(__file__))
+            built = sorted(f for f in os.listdir(here) if f.startswith("_mhccl.") and f.endswith(".so"))
+            tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
+            if built and not any(tag in f or ".abi3." in f for f in built):
+                raise RuntimeError(
+                    f"mhccl's compiled extension could not be loaded ({e}): {here} holds "
+                    f"{', '.join(built)}, built for another Python than this one "
+                    f"({sys.version.split()[0]}); build it for this interpreter (scripts/test.sh "
+                    "with its virtualenv active, or pip install . with it)") from e
             raise RuntimeError(
                 f"mhccl's compiled extension could not be loaded ({e}); it needs the CUDA 13 "
                 "runtime and NCCL >= 2.28 (see README.md)") from e
@@ -36,10 +46,16 @@ def _lib():
 _INT64_MAX = 2**63 - 1
 
 
+def _is_boolish(value: Any) -> bool:
+    """A bool, NumPy's bool_ or a bool tensor/array (which have __index__ and __float__)."""
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
 def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) -> int:
-    """``value`` as an int for argument ``name``: TypeError for anything but an integer (bool and
-    float included), ValueError outside [lo, hi] (the C++ type's range unless narrower)."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+    """``value`` as an int for argument ``name``: TypeError for anything but an integer (bool,
+    NumPy's bool_, bool tensors and float included), ValueError outside [lo, hi] (the C++ type's
+    range unless narrower)."""
+    if _is_boolish(value) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     try:
         v = operator.index(value)
@@ -51,22 +67,38 @@ def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) ->
 
 
 def _bool_arg(name: str, value: Any) -> bool:
+    """A bool (NumPy's bool_ too); not an int, not a tensor."""
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
     return value
 
 
 def _float_arg(name: str, value: Any) -> float:
-    """An int or float (not bool, not str) as a float."""
-    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
+    """An int or float (not bool, not str, not a bool tensor) as a float."""
+    if _is_boolish(value) or isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except OverflowError:  # e.g. an int beyond the float range
         raise ValueError(f"{name}: expected a finite float, got {type(value).__name__} beyond the "
                          "float range") from None
-    except (TypeError, ValueError):  # e.g. a tensor of several elements, which has __float__
+    except (TypeError, ValueError, RuntimeError):  # a tensor of several elements, a meta tensor
         raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}") from None
+
+
+_FLT_MAX = 3.4028234663852886e38  # the largest finite float32 (the C++ API's eps is a float)
+
+
+def _eps_arg(name: str, value: Any) -> float:
+    """The RMSNorm epsilon: a float in [0, FLT_MAX], checked before the float32 conversion (a
+    tiny negative would round to -0.0 and pass, a value beyond FLT_MAX would be undefined)."""
+    eps = _float_arg(name, value)
+    if not 0.0 <= eps <= _FLT_MAX:  # NaN fails both
+        raise ValueError(f"{name}: expected a finite RMSNorm epsilon >= 0 (at most {_FLT_MAX:.7g}, "
+                         f"a float32), got {eps!r}")
+    return eps
 
 
 def _str_arg(name: str, value: Any) -> str:
@@ -107,7 +139,7 @@ def mxfp8_scale_bytes(m: int, hidden: int) -> int:
     Raises:
         TypeError: ``m`` or ``hidden`` is not an int (bool and float are refused).
         ValueError: out of range, or a result beyond int64 (where the C++ ``mxfp8_scale_bytes``
-            of ``mhccl/mxfp8.h`` would overflow).
+            of ``mhccl/mxfp8.h`` returns -1).
     """
     m = _int_arg("m", m, 0)
     hidden = _int_arg("hidden", hidden, 1)
@@ -170,7 +202,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
 
     Args:
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
-            buffer), or that view already over storage of Mp * G floats (returned as it is).
+            buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g)), or
+            that view already over storage of Mp * G floats (returned as it is).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
 
     Returns: ``scales.as_strided((m, G), (1, Mp))``, sharing its storage.
@@ -191,6 +224,11 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     if _is_fp8_scales_view(scales, m, groups, mp):
         _check_fp8_scale_storage(scales, m, hidden, "scales")
         return scales
+    if tuple(scales.shape) == (m, groups) and m > 1 and groups > 1:
+        raise ValueError(f"scales: expected the flat buffer of {floats} floats or the MN-major view "
+                         f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
+                         f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
+                         "[r, g] would not be scale(r, g) (at g * Mp + r)")
     if scales.numel() != floats or not scales.is_contiguous():
         raise ValueError(f"scales: expected a contiguous tensor of {floats} float32 elements "
                          f"(fp8_group_scale_rows({m}) * {groups}) or the view [{m}, {groups}] with "
@@ -262,8 +300,9 @@ def _device_index(device: Any) -> int:
     else:  # torch.device
         if device.type != "cuda":
             raise bad
-        if device.index is not None:
-            return int(device.index)
+        index = getattr(device, "index", None)  # a device-like object may lack it
+        if index is not None:
+            return _int_arg("device.index", index, 0, 2**31 - 1)
         text = "cuda"
     if text.startswith("cuda:"):
         number = text.split(":", 1)[1]
@@ -379,13 +418,19 @@ def _quantized_bytes(values, scales, fp8_values):
             _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
 
 
-def _packed(t):
+def _packed(t, shape=None):
     """An input as the kernels read it: contiguous and 16-byte aligned, else a copy (the
-    reference module's ``.flatten()`` copies a non-contiguous tensor the same way)."""
+    reference module's ``.flatten()`` copies a non-contiguous tensor the same way). ``shape``:
+    the shape the C++ check will ask for (None: any size of that dimension); a tensor of
+    another shape is passed on uncopied, so that an expanded tensor (stride 0) standing for far
+    more elements than it holds is refused by the check, not copied first."""
     import torch
 
     if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
         return t
+    if shape is not None and (t.dim() != len(shape) or any(
+            want is not None and got != want for got, want in zip(t.shape, shape))):
+        return t  # the C++ check names the shape it expected
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -450,7 +495,8 @@ class AllReduceMHC:
 
     Attributes:
         bt_min_rows, bt_min_finalize_rows: as in the reference module, the least M from which a
-            call (finalize) uses the two-shot protocol; ``capacity + 1`` when two-shot is not
+            call (finalize) uses the two-shot protocol; ``capacity + 1`` (capacity:
+            ``max_num_tokens``, as the module's attribute of that name) when two-shot is not
             built (TP=1, a threshold above ``max_num_tokens``, peers reached through NCCL only).
 
     Raises:
@@ -529,15 +575,16 @@ class AllReduceMHC:
         """M of a call from its leading [M, H] tensor, in [1, max_num_tokens]: checked as the C++
         check does, but before any output is allocated or input copied (an expanded tensor of
         many rows, stride 0, would otherwise be allocated for and copied first). M's range is not
-        checked while Dynamo traces (it would guard on M and raise at compile time): the op's real
-        implementation checks it when the compiled code runs."""
+        checked while Dynamo traces or where M is symbolic (it would guard on M and raise at
+        compile time): the op's real implementation checks it when the compiled code runs."""
         import torch
 
         if t.dim() != 2 or t.shape[1] != self.hidden_size:
             got = "a scalar" if t.dim() == 0 else str(list(t.shape))
             raise ValueError(f"{name}: expected shape [M, {self.hidden_size}], got {got}")
         m = t.shape[0]
-        if not torch.compiler.is_compiling() and not 1 <= m <= self.capacity:
+        symbolic = not isinstance(m, int)  # a SymInt: fake tensors of a trace with dynamic M
+        if not symbolic and not torch.compiler.is_compiling() and not 1 <= m <= self.capacity:
             raise ValueError(f"{name}: expected M (rows) in [1, {self.capacity}] (max_num_tokens), "
                              f"got M={m}")
         return m
@@ -548,7 +595,7 @@ class AllReduceMHC:
         comb = _tensor_arg("comb", comb)
         pre = _tensor_arg("pre", pre, optional=True)
         norm_weight = _tensor_arg("norm_weight", norm_weight, optional=True)
-        eps = _float_arg("norm_eps", norm_eps)
+        eps = _eps_arg("norm_eps", norm_eps)
         hc = self.hc_mult
         _mix_count_error("post", post, (m, hc))
         _mix_count_error("comb", comb, (m, hc, hc))
@@ -557,32 +604,37 @@ class AllReduceMHC:
 
     def _packed_epilogue(self, m, residual, post, comb, pre, norm_weight):
         """The epilogue's inputs as the C++ API takes them (run where the kernels are launched)."""
-        hc = self.hc_mult
-        return (_packed(residual), _packed(_by_count(post, (m, hc))),
-                _packed(_by_count(comb, (m, hc, hc))), _packed(_by_count(pre, (m, hc))),
-                _packed(norm_weight))
+        hc, h = self.hc_mult, self.hidden_size
+        post = _by_count(post, (m, hc))
+        post_shape = (m, hc, 1) if post is not None and post.dim() == 3 else (m, hc)
+        return (_packed(residual, (m, hc, h)), _packed(post, post_shape),
+                _packed(_by_count(comb, (m, hc, hc)), (m, hc, hc)),
+                _packed(_by_count(pre, (m, hc)), (m, hc)), _packed(norm_weight, (h,)))
 
     def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
                      layer_input, values, scales, fp8_values=None, fp8_scales=None):
         m = self._rows("x", x)
+        eps = _eps_arg("norm_eps", eps)
         _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
-        self._op.call(_packed(x), *ins, eps, residual_out, layer_input, *quantized, fp8_scales,
+        self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
+                      *quantized, fp8_scales,
                       _stream(self._device), protocol)
 
     def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                          shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
                          residual_out, layer_input, values, scales, fp8_values=None,
                          fp8_scales=None):
-        m, k = self._rows("shared_output", shared_output), self.top_k
+        m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
+        eps = _eps_arg("norm_eps", eps)
         _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
-        self._op.finalize(_packed(gemm2_permuted),
-                          _packed(_by_count(expert_weights, (m, k))),
-                          _packed(_by_count(expanded_idx_to_permuted_idx, (m, k))),
-                          _packed(shared_output), *ins, eps, residual_out, layer_input,
+        self._op.finalize(_packed(gemm2_permuted, (None, h)),
+                          _packed(_by_count(expert_weights, (m, k)), (m, k)),
+                          _packed(_by_count(expanded_idx_to_permuted_idx, (m, k)), (m, k)),
+                          _packed(shared_output, (m, h)), *ins, eps, residual_out, layer_input,
                           *quantized, fp8_scales, _stream(self._device), protocol)
 
     def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
@@ -624,7 +676,8 @@ class AllReduceMHC:
         shapes of x, residual and norm_weight ([H] exactly) are checked; outputs must be
         contiguous and 16-byte aligned (the module's ``.flatten()`` of a non-contiguous output
         writes into a copy). Outputs may not overlap the inputs or each other, except
-        ``residual_out`` being ``residual`` itself (not checked).
+        ``residual_out`` being ``residual`` itself (an in-place update): an overlap is a
+        ValueError (the C++ check compares the byte ranges).
 
         Returns: (residual_out [M, hc, H] BF16, layer_input [M, H] BF16 or None): the given
         outputs, else new tensors.
@@ -698,8 +751,12 @@ class AllReduceMHC:
         return res_out, li
 
     def protocol_for(self, m: int, finalize: bool = False) -> str:
-        """The protocol ("one-shot", "two-shot", "nccl") a call of ``m`` rows takes."""
-        return self._op.protocol_for(_int_arg("m", m), _bool_arg("finalize", finalize))
+        """The protocol ("one-shot", "two-shot", "nccl") a call of ``m`` rows takes.
+
+        Raises: TypeError (``m`` not an int, ``finalize`` not a bool), ValueError (``m`` outside
+        [1, max_num_tokens], which no call takes).
+        """
+        return self._op.protocol_for(_int_arg("m", m, 1, self.capacity), _bool_arg("finalize", finalize))
 
     def check_errors(self) -> None:
         """Raise what a kernel of this TP group recorded: a peer timeout (RuntimeError; the
@@ -734,11 +791,12 @@ class LamportAllGather:
         self._handle = _ops.register_instance(self)
 
     def accepts(self, inp) -> bool:
-        """Whether ``inp`` fits: at least one dimension, 16 to ``rank_capacity_bytes`` bytes, a
-        multiple of 16."""
+        """Whether ``inp`` fits: 1 to 16 dimensions, 16 to ``rank_capacity_bytes`` bytes, a
+        multiple of 16 (what the call checks)."""
         inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
-        return inp.dim() >= 1 and 0 < nbytes <= self.rank_capacity_bytes and nbytes % 16 == 0
+        return (1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes
+                and nbytes % 16 == 0)
 
     def _check_size(self, inp) -> None:
         """What ``accepts`` decides, as the C++ check says it, but before the output is allocated
@@ -746,6 +804,8 @@ class LamportAllGather:
         holds)."""
         if inp.dim() == 0:
             raise ValueError("inp: expected at least one dimension, got a scalar")
+        if inp.dim() > 16:
+            raise ValueError(f"inp: expected at most 16 dimensions, got {inp.dim()}")
         if not self.accepts(inp):
             raise ValueError(f"inp: expected a multiple of 16 bytes, from 16 to "
                              f"{self.rank_capacity_bytes} (rank_capacity_bytes), got "
@@ -763,11 +823,16 @@ class LamportAllGather:
         Raises: TypeError (not a tensor), ValueError (a size ``accepts`` refuses, a scalar, a
         CPU tensor or another device), RuntimeError (CUDA failure, peer timeout).
         """
+        import torch
+
         inp = _tensor_arg("inp", inp)
-        if inp.dim() == 0:
+        if not torch.compiler.is_compiling():  # traced, the op's implementation checks it
+            self._check_size(inp)
+        elif inp.dim() == 0:
             raise ValueError("inp: expected at least one dimension, got a scalar")
         return _torch_ops().all_gather(self._handle, inp)
 
     @property
     def mailbox_bytes(self) -> int:
+        """Device memory of this instance's Lamport mailbox on this rank, in bytes."""
         return self._op.mailbox_bytes

@@ -65,8 +65,8 @@ def register_instance(obj) -> int:
 
 
 def instance(handle: int):
-    """The live instance of ``handle``; RuntimeError when it is gone."""
-    ref = _INSTANCES.get(handle)
+    """The live instance of ``handle``; RuntimeError when it is gone (or ``handle`` is no int)."""
+    ref = None if isinstance(handle, bool) else _INSTANCES.get(handle)
     obj = ref() if ref is not None else None
     if obj is None:
         raise RuntimeError(f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
@@ -123,6 +123,9 @@ def _define() -> None:
         MN-major [M, G] view (strides (1, Mp)) of a buffer of Mp * G floats, whose padding rows
         the kernels write."""
         h, hc = op.hidden_size, op.hc_mult
+        if with_mxfp8 and with_fp8:
+            raise ValueError("with_mxfp8 and with_fp8: expected at most one quantized layer input "
+                             "(MXFP8 or per-token-group FP8), got both")
         outs = [empty((m, hc, h), dtype=bf16, device=device)]
         if has_pre:
             outs.append(empty((m, h), dtype=bf16, device=device))
@@ -146,6 +149,15 @@ def _define() -> None:
             if t.device != device:
                 raise ValueError(f"{name}: expected a tensor on {device} ({first}'s device), "
                                  f"got {t.device}")
+
+    def checked_rows(op, name, lead, eps):
+        """For the fake implementations: what the real ones check before any launch and that a
+        fake tensor shows (the leading [M, H] tensor's shape and M's range, eps), so that a trace
+        of a bad call fails as the call would; the C++ checks of the rest run with real tensors."""
+        from . import _api
+
+        _api._eps_arg("norm_eps", eps)
+        return op._rows(name, lead)
 
     def split(outs, has_pre, with_mxfp8, with_fp8):
         residual_out = outs[0]
@@ -174,6 +186,7 @@ def _define() -> None:
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
+        checked_rows(instance(handle), "x", x, eps)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
@@ -193,8 +206,9 @@ def _define() -> None:
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
           with_mxfp8=False, with_fp8=False):
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
-        return new_outputs(instance(handle), x.shape[0], x.device, pre is not None, with_mxfp8,
-                           with_fp8, torch.empty)
+        op = instance(handle)
+        return new_outputs(op, checked_rows(op, "x", x, eps), x.device, pre is not None,
+                           with_mxfp8, with_fp8, torch.empty)
 
     # --- AllReduceMHC.finalize ---------------------------------------------------------------
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize_out", mutates_args=epilogue_outputs,
@@ -225,6 +239,7 @@ def _define() -> None:
                     post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
+        checked_rows(instance(handle), "shared_output", shared_output, eps)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
@@ -252,8 +267,9 @@ def _define() -> None:
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
                     post=post, comb=comb, pre=pre, norm_weight=norm_weight)
-        return new_outputs(instance(handle), shared_output.shape[0], shared_output.device,
-                           pre is not None, with_mxfp8, with_fp8, torch.empty)
+        op = instance(handle)
+        return new_outputs(op, checked_rows(op, "shared_output", shared_output, eps),
+                           shared_output.device, pre is not None, with_mxfp8, with_fp8, torch.empty)
 
     # --- LamportAllGather --------------------------------------------------------------------
     def gathered(op, inp, empty):
@@ -265,9 +281,18 @@ def _define() -> None:
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
         instance(handle)._launch(inp, out)
 
+    def checked_gather(op, inp):
+        """For the fake implementations: the input's dimensions always, its size where no
+        dimension is symbolic and no trace runs, as the real implementation checks them."""
+        if not torch.compiler.is_compiling() and all(isinstance(d, int) for d in inp.shape):
+            op._check_size(inp)
+        elif not 1 <= inp.dim() <= 16:
+            raise ValueError(f"inp: expected 1 to 16 dimensions, got {inp.dim()}")
+
     @all_gather_out.register_fake
     def _(handle, inp, out):
         same_device(inp=inp, out=out)
+        checked_gather(instance(handle), inp)
         return None
 
     @torch.library.custom_op("mhccl::all_gather", mutates_args=(),
@@ -281,4 +306,6 @@ def _define() -> None:
 
     @all_gather.register_fake
     def _(handle, inp):
-        return gathered(instance(handle), inp, torch.empty)
+        op = instance(handle)
+        checked_gather(op, inp)
+        return gathered(op, inp, torch.empty)

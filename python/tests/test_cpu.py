@@ -1,6 +1,7 @@
 """The Python package without a GPU: it imports, its pure parts compute, and argument errors
 surface as ValueError with the C++ message (NumPy arrays stand in for tensors through DLPack)."""
 
+import os
 import sys
 
 import numpy as np
@@ -49,7 +50,7 @@ def test_mxfp8_scale_bytes_range():
     assert mhccl.mxfp8_scale_bytes(0, 32) == 0
     with pytest.raises(ValueError, match=r"^m: expected an int in \[0, "):
         mhccl.mxfp8_scale_bytes(-1, 5120)
-    # 2**62 rows: 512 * 2**55 * 40 bytes, beyond int64 (where the C++ twin returns 0)
+    # 2**62 rows: 512 * 2**55 * 40 bytes, beyond int64 (where the C++ twin returns -1)
     with pytest.raises(ValueError, match="exceed int64"):
         mhccl.mxfp8_scale_bytes(2**62, 5120)
     with pytest.raises(ValueError, match=r"^m: expected an int in"):
@@ -236,3 +237,25 @@ def test_devices_of_a_wrong_type_are_type_errors(device):
         _api._device_index(device)
     with pytest.raises(TypeError, match="^device: expected"):
         mhccl.LamportAllGather(rank_capacity_bytes=4096, device=device)
+
+
+def test_an_extension_built_for_another_python_is_named(tmp_path):
+    """The package with only another Python's extension (the README's PYTHONPATH=build/python from
+    a virtualenv of another version): the error names the file and says why, not only "needs the
+    CUDA 13 runtime and NCCL"."""
+    import shutil
+    import subprocess
+    import sys as _sys
+
+    src = os.path.dirname(os.path.abspath(mhccl.__file__))
+    pkg = tmp_path / "mhccl"
+    pkg.mkdir()
+    for f in os.listdir(src):
+        if f.endswith(".py"):
+            shutil.copy(os.path.join(src, f), pkg / f)
+    (pkg / "_mhccl.cpython-27-x86_64-linux-gnu.so").write_bytes(b"")  # no Python 2.7 here
+    code = ("import mhccl, mhccl._api as a\n"
+            "try:\n    a._lib()\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([_sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=True).stdout
+    assert "_mhccl.cpython-27-x86_64-linux-gnu.so, built for another Python than this one" in out, out

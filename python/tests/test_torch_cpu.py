@@ -94,7 +94,7 @@ def test_inputs_are_copied_to_contiguous_aligned_tensors():
 
 def test_mixes_are_taken_by_element_count():
     m = 3
-    op = types.SimpleNamespace(hc_mult=HC, top_k=TOP_K)
+    op = types.SimpleNamespace(hc_mult=HC, top_k=TOP_K, hidden_size=8)
     post = torch.rand(m, HC, 1)
     comb = torch.rand(m, HC * HC)  # flat rows, as an engine may keep them
     pre = torch.rand(m * HC)
@@ -111,10 +111,16 @@ def test_mixes_are_taken_by_element_count():
 # --- the torch ops ---------------------------------------------------------------------------
 
 class StandIn:
-    """What the fake implementations read of an instance (no GPU to build a real one here)."""
+    """What the fake implementations read of an instance (no GPU to build a real one here): its
+    sizes and the classes' own shape checks."""
+
+    _rows = mhccl.AllReduceMHC._rows
+    accepts = mhccl.LamportAllGather.accepts
+    _check_size = mhccl.LamportAllGather._check_size
 
     def __init__(self, world_size=2):
         self.hidden_size, self.hc_mult, self.top_k, self.world_size = H, HC, TOP_K, world_size
+        self.capacity, self.rank_capacity_bytes = 4096, 1 << 20
 
 
 @pytest.fixture
@@ -686,3 +692,142 @@ def test_mxfp8_outputs_of_their_float8_formats_reach_the_cpp_call_as_bytes(recor
     (_, args), = rec.calls
     assert args[-6].dtype == args[-5].dtype == torch.uint8
     assert args[-6].data_ptr() == values.data_ptr() and args[-5].data_ptr() == scales.data_ptr()
+
+
+# --- session 8: what a tester found (inputs that reached the kernels or gave wrong layouts) ----
+
+def test_inputs_of_another_shape_are_passed_on_uncopied(recording_op):
+    """A non-contiguous input is copied only when its shape is the one the C++ check asks for: an
+    expanded residual or norm weight (stride 0, 2**40 rows) reaches the check as it is (which
+    names the expected shape) instead of being copied first (the allocator's error)."""
+    op, rec = recording_op
+    m = 2
+    lead, t = _call_inputs(m, "cpu", False, "plain")
+    big_residual = _expanded(BIG, HC, H, dtype=torch.bfloat16)
+    big_weight = torch.zeros(1, dtype=torch.bfloat16).expand(BIG)
+    op(lead["x"], big_residual, t["post"], t["comb"], t["pre"], big_weight, 1e-6)
+    (_, args), = rec.calls
+    assert args[1] is big_residual and args[5] is big_weight
+    rec.calls.clear()
+    strided = torch.zeros(m, HC, 2 * H, dtype=torch.bfloat16)[..., ::2]  # the right shape: copied
+    op(lead["x"], strided, t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6)
+    (_, args), = rec.calls
+    assert args[1] is not strided and args[1].is_contiguous() and tuple(args[1].shape) == (m, HC, H)
+
+
+@pytest.mark.parametrize("eps", [-1e-50, -1.0, float("nan"), float("inf"), 1e39])
+@pytest.mark.parametrize("form", ["class", "functional", "out"])
+def test_eps_outside_float32_or_negative_is_refused(recording_op, eps, form):
+    """A negative eps however small (it would round to -0.0 in float32 and pass the C++ check),
+    NaN, Inf, and values beyond FLT_MAX (an undefined conversion) are ValueErrors before any call."""
+    op, rec = recording_op
+    lead, t = _call_inputs(2, "cpu", False, "plain")
+    args = (lead["x"], t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], eps)
+    with pytest.raises(ValueError, match="^norm_eps: expected a finite RMSNorm epsilon >= 0"):
+        if form == "class":
+            op(*args)
+        elif form == "functional":
+            torch.ops.mhccl.all_reduce_mhc(op._handle, *args)
+        else:
+            torch.ops.mhccl.all_reduce_mhc_out(op._handle, *args, "auto", torch.empty_like(t["residual"]),
+                                               torch.empty_like(lead["x"]), None, None, None, None)
+    assert rec.calls == []
+    for fine in (0.0, -0.0, 1e-6, 3.4028234663852886e38):
+        op(*args[:-1], fine)
+    assert len(rec.calls) == 4
+
+
+def test_bool_like_values_are_not_ints_or_floats():
+    np = pytest.importorskip("numpy")
+    for v in (torch.tensor(True), np.True_, np.array(True)):
+        with pytest.raises(TypeError, match="^m: expected an int"):
+            _api._int_arg("m", v)
+        with pytest.raises(TypeError, match="^norm_eps: expected a float"):
+            _api._float_arg("norm_eps", v)
+    assert _api._int_arg("m", torch.tensor(3)) == 3 and _api._int_arg("m", np.int32(3)) == 3
+    assert _api._bool_arg("residual_only", np.True_) is True
+    assert _api._bool_arg("residual_only", np.False_) is False
+    with pytest.raises(TypeError, match="^residual_only: expected a bool, got Tensor"):
+        _api._bool_arg("residual_only", torch.tensor(True))
+    with pytest.raises(TypeError, match="^norm_eps: expected a float, got Tensor"):
+        _api._float_arg("norm_eps", torch.zeros((), device="meta"))  # no value to read
+    with pytest.raises(RuntimeError, match="names no live instance"):
+        _ops.instance(True)  # a bool is no handle
+
+    class DeviceLike:  # .type without .index: the current CUDA device, as for torch.device("cuda")
+        type = "cuda"
+    def outcome(device):  # without a GPU torch.cuda.current_device() raises: the same for both
+        try:
+            return _api._device_index(device)
+        except Exception as e:  # noqa: BLE001
+            return type(e)
+    assert outcome(DeviceLike()) is not AttributeError
+    assert outcome(DeviceLike()) == outcome(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("m", [4, 8, 128])
+def test_row_major_fp8_scales_of_the_right_count_are_refused(m):
+    """At M % 4 == 0 a row-major [M, G] tensor has the Mp * G floats of the layout, but its [r, g]
+    is not scale(r, g) (at g * Mp + r): refused by the view helper (and the C++ check), where it
+    used to be taken for the flat buffer."""
+    g = H // 128
+    with pytest.raises(ValueError, match=r"^scales: expected the flat buffer .* got the row-major shape"):
+        mhccl.fp8_group_scales_view(torch.zeros(m, g), m, H)
+    assert mhccl.fp8_group_scales_view(torch.zeros(g, m), m, H).stride() == (1, m)  # [G, Mp]: the storage order
+    assert mhccl.fp8_group_scales_view(torch.zeros(m * g), m, H).stride() == (1, m)
+
+
+def test_all_gather_refuses_more_than_16_dimensions_everywhere(recording_op):
+    """accepts() says what the call does: 17 dimensions are refused by both (the README's
+    ``gather(t) if gather.accepts(t) else fallback(t)`` pattern)."""
+    _, rec = recording_op
+    ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)
+    t17 = torch.zeros([1] * 16 + [16])
+    assert not ag.accepts(t17) and not _api._lib().all_gather_accepts(4096, t17)
+    with pytest.raises(ValueError, match="^inp: expected at most 16 dimensions, got 17"):
+        ag(t17)
+    assert ag.accepts(torch.zeros([1] * 15 + [16]))
+    with pytest.raises(ValueError, match=r"^inp: expected a multiple of 16 bytes"):
+        ag(torch.zeros(1 << 20, device="meta"))  # meta: the fake runs, and checks the size eagerly
+    assert rec.calls == []
+
+
+def test_fakes_refuse_what_the_call_refuses(handle):
+    """The functional fakes check the leading tensor's shape and M's range, eps and the pair of
+    quantized outputs as the real implementations do (a bad call fails when traced on fake
+    tensors, not only when it runs); a 0-d tensor is a ValueError, not an IndexError."""
+    h, _ = handle
+    lead, t = _call_inputs(3, "meta", False, "plain")
+    rest = (t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"])
+    for x, want in ((torch.zeros(H, dtype=torch.bfloat16, device="meta"), r"^x: expected shape \[M, 256\]"),
+                    (torch.zeros((), dtype=torch.bfloat16, device="meta"), r"^x: expected shape \[M, 256\], got a scalar"),
+                    (torch.zeros(3, H + 8, dtype=torch.bfloat16, device="meta"), r"^x: expected shape"),
+                    (torch.zeros(5000, H, dtype=torch.bfloat16, device="meta"), r"^x: expected M \(rows\) in \[1, 4096\]")):
+        with pytest.raises(ValueError, match=want):
+            torch.ops.mhccl.all_reduce_mhc(h, x, *rest, 1e-6)
+    with pytest.raises(ValueError, match="^norm_eps: expected a finite RMSNorm epsilon"):
+        torch.ops.mhccl.all_reduce_mhc(h, lead["x"], *rest, float("nan"))
+    with pytest.raises(ValueError, match="^with_mxfp8 and with_fp8: expected at most one"):
+        torch.ops.mhccl.all_reduce_mhc(h, lead["x"], *rest, 1e-6, "auto", True, True)
+    flead, _ = _call_inputs(3, "meta", True, "plain")
+    with pytest.raises(ValueError, match=r"^shared_output: expected shape"):
+        torch.ops.mhccl.all_reduce_mhc_finalize(h, flead["gemm2_permuted"], flead["expert_weights"],
+                                                flead["expanded_idx_to_permuted_idx"],
+                                                torch.zeros(3, dtype=torch.bfloat16, device="meta"), *rest, 1e-6)
+    with pytest.raises(ValueError, match="^inp: expected at least one dimension, got a scalar"):
+        torch.ops.mhccl.all_gather(h, torch.zeros((), device="meta"))
+
+
+def test_protocol_for_takes_only_the_rows_a_call_takes(recording_op):
+    op, _ = recording_op
+
+    class Protocols:
+        def protocol_for(self, m, finalize):
+            return "one-shot"
+    op._op = Protocols()
+    assert op.protocol_for(1) == op.protocol_for(64, finalize=True) == "one-shot"
+    for m in (0, -1, 65):
+        with pytest.raises(ValueError, match=r"^m: expected an int in \[1, 64\]"):
+            op.protocol_for(m)
+    with pytest.raises(TypeError, match="^finalize: expected a bool"):
+        op.protocol_for(1, finalize=1)

@@ -176,6 +176,16 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   const bool mn_major_view = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && s.strides != nullptr &&
                              (m == 1 || s.strides[0] == 1) && (groups == 1 || s.strides[1] == mp);
   if (!mn_major_view) {
+    // A row-major [M, G] tensor holds Mp * G floats exactly when M % 4 == 0, but scale(r, g)
+    // sits at g * Mp + r, not at r * G + g: refused, so a reader of scales[r, g] never gets the
+    // wrong group's scale.
+    if (s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1) {
+      invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
+              " floats or the MN-major view " + shape_str({m, groups}) + " with strides " + shape_str({1, mp}) +
+              " (scale(r, g) at g * " + std::to_string(mp) + " + r), got the row-major shape " +
+              describe_shape(s) + " with strides " + strides_str(s) +
+              ", whose element [r, g] would not be scale(r, g)");
+    }
     if (numel(s) * 4 != want) {
       invalid(std::string(name) + ": expected " + std::to_string(want) + " bytes (fp8_group_scale_bytes(" +
               std::to_string(m) + ", " + std::to_string(h) + ") = 4 * " + std::to_string(mp) + " * " +
@@ -201,7 +211,48 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   }
 }
 
-void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MHCEpilogueArgs& e) {
+// Byte range [first, last) a checked tensor covers: its data and `bytes` from there (a compact
+// tensor's numel * element size; the FP8 scales' whole buffer, padding rows included).
+struct Span {
+  const char* name;
+  uintptr_t first, last;
+};
+Span span_of(const DLTensor* t, const char* name, int64_t bytes) {
+  const uintptr_t a = t == nullptr ? 0 : data_address(*t);
+  return Span{name, a, a + static_cast<uintptr_t>(t == nullptr || bytes < 0 ? 0 : bytes)};
+}
+bool overlap(const Span& a, const Span& b) {
+  return a.first < a.last && b.first < b.last && a.first < b.last && b.first < a.last;
+}
+// Outputs may not overlap one another or an input: the kernels read inputs and write outputs in
+// any order across CTAs, so an overlap gives wrong bits (and ranks that differ). The one
+// exception is residual_out being residual itself (the same bytes: an in-place update, where
+// each element is read before it is written by the same thread).
+void check_no_overlap(const std::vector<Span>& inputs, const std::vector<Span>& outputs, const Span* residual) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Span& o = outputs[i];
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (overlap(o, outputs[j])) {
+        invalid(std::string(o.name) + " and " + outputs[j].name + ": expected outputs in separate memory, got "
+                "overlapping ranges [" + hex_address(o.first) + ", " + hex_address(o.last) + ") and [" +
+                hex_address(outputs[j].first) + ", " + hex_address(outputs[j].last) + ")");
+      }
+    }
+    for (const Span& in : inputs) {
+      if (!overlap(o, in)) continue;
+      const bool in_place = residual != nullptr && &in == residual && std::string(o.name) == "residual_out" &&
+                            o.first == in.first && o.last == in.last;
+      if (in_place) continue;
+      invalid(std::string(o.name) + ": expected an output apart from every input (only residual_out may be "
+              "residual itself, the same tensor), got memory overlapping " + in.name + " ([" +
+              hex_address(o.first) + ", " + hex_address(o.last) + ") and [" + hex_address(in.first) + ", " +
+              hex_address(in.last) + ")");
+    }
+  }
+}
+
+void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MHCEpilogueArgs& e,
+                    std::vector<Span> inputs) {
   const int64_t h = c.hidden_size, hc = c.hc_mult;
   const bool has_pre = e.pre != nullptr, has_norm = e.norm_weight != nullptr;
   if (has_pre != has_norm) {
@@ -282,6 +333,26 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
     check_tensor(e.fp8_values, "fp8 values", Kind::kE4M3Bytes, {m, h}, device);
     check_fp8_scales(*e.fp8_scales, m, h, device);
   }
+  // Every tensor is well formed here: the byte ranges of the outputs against the inputs'.
+  inputs.push_back(span_of(e.residual, "residual", m * hc * h * 2));
+  const size_t residual_index = inputs.size() - 1;
+  inputs.push_back(span_of(e.post, "post", m * hc * 4));
+  inputs.push_back(span_of(e.comb, "comb", m * hc * hc * 4));
+  if (!residual_only) {
+    inputs.push_back(span_of(e.pre, "pre", m * hc * 4));
+    inputs.push_back(span_of(e.norm_weight, "norm_weight", h * 2));
+  }
+  std::vector<Span> outputs{span_of(e.residual_out, "residual_out", m * hc * h * 2)};
+  if (!residual_only) outputs.push_back(span_of(e.layer_input, "layer_input", m * h * 2));
+  if (has_values) {
+    outputs.push_back(span_of(e.mxfp8_values, "mxfp8 values", m * h));
+    outputs.push_back(span_of(e.mxfp8_scales, "mxfp8 scales", mxfp8_scale_bytes(m, h)));
+  }
+  if (has_fp8) {
+    outputs.push_back(span_of(e.fp8_values, "fp8 values", m * h));
+    outputs.push_back(span_of(e.fp8_scales, "fp8 scales", fp8_group_scale_bytes(m, h)));
+  }
+  check_no_overlap(inputs, outputs, &inputs[residual_index]);
 }
 
 }  // namespace
@@ -391,7 +462,7 @@ int64_t check_all_reduce_mhc_call(const AllReduceMHCConfig& c, int device,
   }
   const int64_t m = leading_rows(a.x, "x", c);
   check_storage(*a.x, "x", Kind::kBF16, device);
-  check_epilogue(c, device, m, a.epilogue);
+  check_epilogue(c, device, m, a.epilogue, {span_of(a.x, "x", m * c.hidden_size * 2)});
   return m;
 }
 
@@ -430,7 +501,11 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
     }
     check_storage(*t, name, kind, device);
   }
-  check_epilogue(c, device, m, a.epilogue);
+  check_epilogue(c, device, m, a.epilogue,
+                 {span_of(a.shared_output, "shared_output", m * c.hidden_size * 2),
+                  span_of(g, "gemm2_permuted", g->shape[0] * c.hidden_size * 2),
+                  span_of(a.expert_weights, "expert_weights", m * k * 4),
+                  span_of(a.expanded_idx_to_permuted_idx, "expanded_idx_to_permuted_idx", m * k * 4)});
   return m;
 }
 

@@ -332,6 +332,46 @@ TEST_F(Checks, FinalizeSharedRowsDisagree) {
                  {"[6, 3]", "[5, 3]"});
 }
 
+// Outputs in memory of their own: an output overlapping an input or another output is refused
+// (wrong bits otherwise); residual_out being residual itself (the same bytes) is the in-place
+// update the API allows.
+TEST_F(Checks, OverlappingOutputsRefusedInPlaceResidualAllowed) {
+  const int64_t m = 5, hc = 4, h = 64;
+  AllReduceMHCCallArgs in_place = f.call();
+  in_place.epilogue.residual_out = in_place.epilogue.residual;
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, in_place), 5);
+  AllReduceMHCFinalizeArgs fin_in_place = f.finalize();
+  fin_in_place.epilogue.residual_out = fin_in_place.epilogue.residual;
+  EXPECT_EQ(check_all_reduce_mhc_finalize(f.cfg, 0, fin_in_place), 5);
+  // residual_out one row past residual (shifted): overlaps it, not the same bytes.
+  Desc shifted(addr(0x20000 + hc * h * 2), kBF16, {m, hc, h});
+  call_error([&](auto& a) { a.epilogue.residual_out = shifted.get(); }, ErrorCode::kInvalidArgument,
+             {"residual_out", "overlapping residual"});
+  Desc on_x(addr(0x10000), kBF16, {m, h});  // layer_input = x
+  call_error([&](auto& a) { a.epilogue.layer_input = on_x.get(); }, ErrorCode::kInvalidArgument,
+             {"layer_input", "overlapping x"});
+  Desc in_out(addr(0x70000 + 1024), kBF16, {m, h});  // layer_input inside residual_out
+  call_error([&](auto& a) { a.epilogue.layer_input = in_out.get(); }, ErrorCode::kInvalidArgument,
+             {"residual_out and layer_input", "separate memory"});
+  Desc scales_on_values(addr(0x90000 + 64), kU8, {mxfp8_scale_bytes(m, h)});  // one buffer for both
+  call_error([&](auto& a) { a.epilogue.mxfp8_scales = scales_on_values.get(); }, ErrorCode::kInvalidArgument,
+             {"mxfp8 values and mxfp8 scales", "separate memory"});
+  Desc on_norm(addr(0x60000), kBF16, {m, h});  // layer_input over the norm weight
+  call_error([&](auto& a) { a.epilogue.layer_input = on_norm.get(); }, ErrorCode::kInvalidArgument,
+             {"layer_input", "overlapping norm_weight"});
+  Desc on_gemm2(addr(0xB0000 + 128), kBF16, {m, h});
+  finalize_error([&](auto& a) { a.epilogue.layer_input = on_gemm2.get(); }, ErrorCode::kInvalidArgument,
+                 {"layer_input", "overlapping gemm2_permuted"});
+  Desc on_shared(addr(0xE0000), kBF16, {m, hc, h});
+  finalize_error([&](auto& a) { a.epilogue.residual_out = on_shared.get(); }, ErrorCode::kInvalidArgument,
+                 {"residual_out", "overlapping shared_output"});
+  // Adjacent (touching, not overlapping) is fine: layer_input right after residual_out's last byte.
+  Desc adjacent(addr(0x70000 + m * hc * h * 2), kBF16, {m, h});
+  AllReduceMHCCallArgs a = f.call();
+  a.epilogue.layer_input = adjacent.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
+}
+
 TEST(ConfigChecks, Limits) {
   auto cfg = [] {
     AllReduceMHCConfig c;
@@ -522,6 +562,39 @@ TEST_F(Fp8Checks, ScalesSizeDtypeLayoutAlignment) {
   Desc null_data(nullptr, kF32, {2, 8});
   call_error([&](auto& a) { a.epilogue.fp8_scales = null_data.get(); }, ErrorCode::kInvalidArgument,
              {"fp8 scales", "data pointer"});
+}
+// At M % 4 == 0 a row-major [M, G] tensor holds exactly Mp * G floats, but its element [r, g]
+// is not scale(r, g) (at g * Mp + r): refused, not taken for the flat buffer.
+TEST(Fp8ScalesLayout, RowMajorMGRefusedWhereItsCountFits) {
+  Fp8Fixture f;
+  const int64_t m = 4, h = 256, hc = 4;
+  Desc x(addr(0x10000), kBF16, {m, h}), residual(addr(0x20000), kBF16, {m, hc, h});
+  Desc post(addr(0x30000), kF32, {m, hc}), comb(addr(0x40000), kF32, {m, hc, hc}), pre(addr(0x50000), kF32, {m, hc});
+  Desc residual_out(addr(0x70000), kBF16, {m, hc, h}), layer_input(addr(0x80000), kBF16, {m, h});
+  Desc values(addr(0xF0000), kU8, {m, h});
+  AllReduceMHCCallArgs a = f.fp8_call();
+  a.x = x.get();
+  a.epilogue.residual = residual.get();
+  a.epilogue.post = post.get();
+  a.epilogue.comb = comb.get();
+  a.epilogue.pre = pre.get();
+  a.epilogue.residual_out = residual_out.get();
+  a.epilogue.layer_input = layer_input.get();
+  a.epilogue.fp8_values = values.get();
+  Desc flat(addr(0xF8000), kF32, {8});
+  a.epilogue.fp8_scales = flat.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  Desc g_mp(addr(0xF8000), kF32, {2, 4});  // [G, Mp] row-major: the layout's own storage order
+  a.epilogue.fp8_scales = g_mp.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  Desc view(addr(0xF8000), kF32, {4, 2});
+  view.with_strides({1, 4});
+  a.epilogue.fp8_scales = view.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  Desc row_major(addr(0xF8000), kF32, {4, 2});
+  a.epilogue.fp8_scales = row_major.get();
+  expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, ErrorCode::kInvalidArgument,
+               {"fp8 scales", "MN-major view [4, 2]", "strides [1, 4]", "row-major shape [4, 2]"});
 }
 TEST_F(Fp8Checks, ScalesOfOtherM) {
   // M = 4: Mp = 4, 2 * 4 floats; the M = 5 call needs Mp = 8.

@@ -165,6 +165,21 @@ TEST(ScaleLayout, NonMultipleOfFourBlocksPads) {
   EXPECT_EQ(mxfp8_scale_bytes(129, 64), 512 * 2 * 1);
 }
 
+TEST(ScaleLayout, ScaleBytesNeverAWrongSize) {
+  // -1 where no size is right (as fp8_group_scale_bytes): negative M or H, H not a multiple of
+  // 32, a count beyond int64 (no overflow into a small or negative number).
+  EXPECT_EQ(mxfp8_scale_bytes(0, 32), 0);
+  EXPECT_EQ(mxfp8_scale_bytes(-1, 5120), -1);
+  EXPECT_EQ(mxfp8_scale_bytes(-300, 5120), -1);
+  EXPECT_EQ(mxfp8_scale_bytes(4, -32), -1);
+  EXPECT_EQ(mxfp8_scale_bytes(4, 5128), -1);
+  EXPECT_EQ(mxfp8_scale_bytes((int64_t{1} << 60) + 1, 5120), -1);
+  EXPECT_EQ(mxfp8_scale_bytes(INT64_MAX, 32), -1);
+  const int64_t top = INT64_MAX / 512 * 128;  // the largest M whose count fits at H = 32
+  EXPECT_EQ(mxfp8_scale_bytes(top, 32), 512 * (top / 128));
+  EXPECT_EQ(mxfp8_scale_bytes(top + 128, 32), -1);
+}
+
 TEST(Mxfp8Quantize, BlockOfKnownValues) {
   // One row of 32 values: amax 3.0 -> scale 2^ceil(log2(3/448)) = 2^-7 (byte 120); element
   // v encodes v * 128: 3.0 -> 384 (0x7C), 1.0 -> 128 (0x70), -0.5 -> -64 (0xE8).
