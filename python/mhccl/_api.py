@@ -167,8 +167,7 @@ def fp8_group_scale_rows(m: int) -> int:
         TypeError: ``m`` is not an int (bool and float are refused).
         ValueError: out of range (where the C++ ``fp8_group_scale_rows`` returns -1).
     """
-    m = _int_arg("m", m, 0, 2**62)
-    return (m + 3) // 4 * 4
+    return _ops._fp8_scale_rows(_int_arg("m", m, 0, 2**62))
 
 
 def fp8_group_scale_bytes(m: int, hidden: int) -> int:
@@ -189,7 +188,7 @@ def fp8_group_scale_bytes(m: int, hidden: int) -> int:
     hidden = _int_arg("hidden", hidden, 1)
     if hidden % _FP8_GROUP:
         raise ValueError(f"hidden: expected a positive multiple of 128, got {hidden}")
-    n = 4 * ((m + 3) // 4 * 4) * (hidden // _FP8_GROUP)
+    n = 4 * _ops._fp8_scale_rows(m) * (hidden // _FP8_GROUP)
     if n > _FP8_MAX_BYTES:
         raise ValueError(f"fp8_group_scale_bytes({m}, {hidden}): {n} bytes exceed 2**62")
     return n
@@ -269,7 +268,7 @@ def _check_fp8_scale_storage(scales, m, hidden, name="fp8 scales") -> None:
 
     if scales is None or scales.dtype != torch.float32 or hidden % _FP8_GROUP:
         return  # the C++ checks name what is wrong
-    mp, groups = (m + 3) // 4 * 4, hidden // _FP8_GROUP
+    mp, groups = _ops._fp8_scale_rows(m), hidden // _FP8_GROUP
     if not _is_fp8_scales_view(scales, m, groups, mp):
         return  # a flat tensor: the C++ check counts its elements
     held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
@@ -605,9 +604,8 @@ class AllReduceMHC:
     def _packed_epilogue(self, m, residual, post, comb, pre, norm_weight):
         """The epilogue's inputs as the C++ API takes them (run where the kernels are launched)."""
         hc, h = self.hc_mult, self.hidden_size
-        post = _by_count(post, (m, hc))
-        post_shape = (m, hc, 1) if post is not None and post.dim() == 3 else (m, hc)
-        return (_packed(residual, (m, hc, h)), _packed(post, post_shape),
+        # Mixes of the right count are [M, hc(, hc)] after _by_count ([M, hc, 1] post too).
+        return (_packed(residual, (m, hc, h)), _packed(_by_count(post, (m, hc)), (m, hc)),
                 _packed(_by_count(comb, (m, hc, hc)), (m, hc, hc)),
                 _packed(_by_count(pre, (m, hc)), (m, hc)), _packed(norm_weight, (h,)))
 
@@ -619,8 +617,7 @@ class AllReduceMHC:
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
-                      *quantized, fp8_scales,
-                      _stream(self._device), protocol)
+                      *quantized, fp8_scales, _stream(self._device), protocol)
 
     def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
                          shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
@@ -812,7 +809,7 @@ class LamportAllGather:
                              f"{inp.numel() * inp.element_size()} bytes: {list(inp.shape)} {inp.dtype}")
 
     def _launch(self, inp, out):
-        self._check_size(inp)
+        """The C++ call; the torch ops check ``inp``'s size first (``_check_size``)."""
         self._op.call(_packed(inp), out, _stream(self._device))
 
     def __call__(self, inp):
@@ -823,14 +820,10 @@ class LamportAllGather:
         Raises: TypeError (not a tensor), ValueError (a size ``accepts`` refuses, a scalar, a
         CPU tensor or another device), RuntimeError (CUDA failure, peer timeout).
         """
-        import torch
-
         inp = _tensor_arg("inp", inp)
-        if not torch.compiler.is_compiling():  # traced, the op's implementation checks it
-            self._check_size(inp)
-        elif inp.dim() == 0:
+        if inp.dim() == 0:
             raise ValueError("inp: expected at least one dimension, got a scalar")
-        return _torch_ops().all_gather(self._handle, inp)
+        return _torch_ops().all_gather(self._handle, inp)  # which checks the size (real and fake)
 
     @property
     def mailbox_bytes(self) -> int:

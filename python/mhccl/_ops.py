@@ -81,7 +81,7 @@ def _scale_bytes(m, hidden):
 
 
 def _fp8_scale_rows(m):
-    # fp8_group_scale_rows for fake tensors, where m may be symbolic.
+    # fp8_group_scale_rows's arithmetic, for fake tensors too, where m may be symbolic.
     return (m + 3) // 4 * 4
 
 
@@ -279,7 +279,9 @@ def _define() -> None:
     @torch.library.custom_op("mhccl::all_gather_out", mutates_args=("out",),
                              schema="(int handle, Tensor inp, Tensor(a!) out) -> ()")
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
-        instance(handle)._launch(inp, out)
+        op = instance(handle)
+        op._check_size(inp)
+        op._launch(inp, out)
 
     def checked_gather(op, inp):
         """For the fake implementations: the input's dimensions always, its size where no

@@ -211,24 +211,27 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   }
 }
 
-// Byte range [first, last) a checked tensor covers: its data and `bytes` from there (a compact
-// tensor's numel * element size; the FP8 scales' whole buffer, padding rows included).
+// Byte range [first, last) a checked tensor covers: its data and `bytes` from there, by default
+// tensor_bytes (every checked tensor is compact but the FP8 scales' view, whose whole buffer,
+// padding rows included, the caller names). An absent tensor covers nothing.
 struct Span {
   const char* name;
   uintptr_t first, last;
 };
-Span span_of(const DLTensor* t, const char* name, int64_t bytes) {
-  const uintptr_t a = t == nullptr ? 0 : data_address(*t);
-  return Span{name, a, a + static_cast<uintptr_t>(t == nullptr || bytes < 0 ? 0 : bytes)};
+Span span_of(const DLTensor* t, const char* name, int64_t bytes = -1) {
+  if (t == nullptr) return Span{name, 0, 0};
+  const uintptr_t a = data_address(*t);
+  const int64_t n = bytes < 0 ? tensor_bytes(*t) : bytes;  // tensor_bytes: -1 for no dtype checked here
+  return Span{name, a, a + static_cast<uintptr_t>(n < 0 ? 0 : n)};
 }
 bool overlap(const Span& a, const Span& b) {
   return a.first < a.last && b.first < b.last && a.first < b.last && b.first < a.last;
 }
 // Outputs may not overlap one another or an input: the kernels read inputs and write outputs in
 // any order across CTAs, so an overlap gives wrong bits (and ranks that differ). The one
-// exception is residual_out being residual itself (the same bytes: an in-place update, where
-// each element is read before it is written by the same thread).
-void check_no_overlap(const std::vector<Span>& inputs, const std::vector<Span>& outputs, const Span* residual) {
+// exception: outputs[0] (residual_out) covering exactly inputs[in_place] (residual), an in-place
+// update, where each element is read before it is written by the same thread.
+void check_no_overlap(const std::vector<Span>& inputs, const std::vector<Span>& outputs, size_t in_place) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Span& o = outputs[i];
     for (size_t j = i + 1; j < outputs.size(); ++j) {
@@ -238,11 +241,10 @@ void check_no_overlap(const std::vector<Span>& inputs, const std::vector<Span>& 
                 hex_address(outputs[j].first) + ", " + hex_address(outputs[j].last) + ")");
       }
     }
-    for (const Span& in : inputs) {
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const Span& in = inputs[j];
       if (!overlap(o, in)) continue;
-      const bool in_place = residual != nullptr && &in == residual && std::string(o.name) == "residual_out" &&
-                            o.first == in.first && o.last == in.last;
-      if (in_place) continue;
+      if (i == 0 && j == in_place && o.first == in.first && o.last == in.last) continue;
       invalid(std::string(o.name) + ": expected an output apart from every input (only residual_out may be "
               "residual itself, the same tensor), got memory overlapping " + in.name + " ([" +
               hex_address(o.first) + ", " + hex_address(o.last) + ") and [" + hex_address(in.first) + ", " +
@@ -334,25 +336,15 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
     check_fp8_scales(*e.fp8_scales, m, h, device);
   }
   // Every tensor is well formed here: the byte ranges of the outputs against the inputs'.
-  inputs.push_back(span_of(e.residual, "residual", m * hc * h * 2));
-  const size_t residual_index = inputs.size() - 1;
-  inputs.push_back(span_of(e.post, "post", m * hc * 4));
-  inputs.push_back(span_of(e.comb, "comb", m * hc * hc * 4));
-  if (!residual_only) {
-    inputs.push_back(span_of(e.pre, "pre", m * hc * 4));
-    inputs.push_back(span_of(e.norm_weight, "norm_weight", h * 2));
-  }
-  std::vector<Span> outputs{span_of(e.residual_out, "residual_out", m * hc * h * 2)};
-  if (!residual_only) outputs.push_back(span_of(e.layer_input, "layer_input", m * h * 2));
-  if (has_values) {
-    outputs.push_back(span_of(e.mxfp8_values, "mxfp8 values", m * h));
-    outputs.push_back(span_of(e.mxfp8_scales, "mxfp8 scales", mxfp8_scale_bytes(m, h)));
-  }
-  if (has_fp8) {
-    outputs.push_back(span_of(e.fp8_values, "fp8 values", m * h));
-    outputs.push_back(span_of(e.fp8_scales, "fp8 scales", fp8_group_scale_bytes(m, h)));
-  }
-  check_no_overlap(inputs, outputs, &inputs[residual_index]);
+  // Absent tensors (residual-only, no quantized output) cover nothing.
+  const size_t residual_index = inputs.size();
+  inputs.insert(inputs.end(), {span_of(e.residual, "residual"), span_of(e.post, "post"), span_of(e.comb, "comb"),
+                               span_of(e.pre, "pre"), span_of(e.norm_weight, "norm_weight")});
+  const std::vector<Span> outputs{span_of(e.residual_out, "residual_out"), span_of(e.layer_input, "layer_input"),
+                                  span_of(e.mxfp8_values, "mxfp8 values"), span_of(e.mxfp8_scales, "mxfp8 scales"),
+                                  span_of(e.fp8_values, "fp8 values"),
+                                  span_of(e.fp8_scales, "fp8 scales", fp8_group_scale_bytes(m, h))};
+  check_no_overlap(inputs, outputs, residual_index);
 }
 
 }  // namespace
@@ -462,7 +454,7 @@ int64_t check_all_reduce_mhc_call(const AllReduceMHCConfig& c, int device,
   }
   const int64_t m = leading_rows(a.x, "x", c);
   check_storage(*a.x, "x", Kind::kBF16, device);
-  check_epilogue(c, device, m, a.epilogue, {span_of(a.x, "x", m * c.hidden_size * 2)});
+  check_epilogue(c, device, m, a.epilogue, {span_of(a.x, "x")});
   return m;
 }
 
@@ -502,10 +494,9 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
     check_storage(*t, name, kind, device);
   }
   check_epilogue(c, device, m, a.epilogue,
-                 {span_of(a.shared_output, "shared_output", m * c.hidden_size * 2),
-                  span_of(g, "gemm2_permuted", g->shape[0] * c.hidden_size * 2),
-                  span_of(a.expert_weights, "expert_weights", m * k * 4),
-                  span_of(a.expanded_idx_to_permuted_idx, "expanded_idx_to_permuted_idx", m * k * 4)});
+                 {span_of(a.shared_output, "shared_output"), span_of(g, "gemm2_permuted"),
+                  span_of(a.expert_weights, "expert_weights"),
+                  span_of(a.expanded_idx_to_permuted_idx, "expanded_idx_to_permuted_idx")});
   return m;
 }
 
