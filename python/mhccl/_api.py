@@ -201,7 +201,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
 
     Args:
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
-            buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g)), or
+            buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g);
+            where m == G == Mp the two shapes are the same and it is taken as [G, Mp]), or
             that view already over storage of Mp * G floats (returned as it is).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
 
@@ -223,7 +224,9 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     if _is_fp8_scales_view(scales, m, groups, mp):
         _check_fp8_scale_storage(scales, m, hidden, "scales")
         return scales
-    if tuple(scales.shape) == (m, groups) and m > 1 and groups > 1:
+    # At m == G == Mp (e.g. m = 40 at hidden = 5120) [m, G] is also [G, Mp], the storage order
+    # itself, and the two cannot be told apart: taken as [G, Mp], as the C++ check does.
+    if tuple(scales.shape) == (m, groups) and m > 1 and groups > 1 and not m == groups == mp:
         raise ValueError(f"scales: expected the flat buffer of {floats} floats or the MN-major view "
                          f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
                          f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "

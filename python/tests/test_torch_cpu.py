@@ -777,6 +777,14 @@ def test_row_major_fp8_scales_of_the_right_count_are_refused(m):
     assert mhccl.fp8_group_scales_view(torch.zeros(m * g), m, H).stride() == (1, m)
 
 
+def test_fp8_scales_of_m_equal_to_groups_are_taken_as_g_by_mp():
+    """At M == G == Mp (M = 40 at H = 5120) the [G, Mp] storage and a row-major [M, G] have one
+    shape: taken as [G, Mp] (the C++ GPU tests pass that shape), not refused."""
+    assert mhccl.fp8_group_scales_view(torch.zeros(40, 40), 40, 5120).stride() == (1, 40)
+    with pytest.raises(ValueError, match=r"got the row-major shape"):  # M = 36: Mp = 36 != G
+        mhccl.fp8_group_scales_view(torch.zeros(36, 40), 36, 5120)
+
+
 def test_all_gather_refuses_more_than_16_dimensions_everywhere(recording_op):
     """accepts() says what the call does: 17 dimensions are refused by both (the README's
     ``gather(t) if gather.accepts(t) else fallback(t)`` pattern)."""

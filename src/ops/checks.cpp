@@ -178,8 +178,11 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   if (!mn_major_view) {
     // A row-major [M, G] tensor holds Mp * G floats exactly when M % 4 == 0, but scale(r, g)
     // sits at g * Mp + r, not at r * G + g: refused, so a reader of scales[r, g] never gets the
-    // wrong group's scale.
-    if (s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1) {
+    // wrong group's scale. Where M == G == Mp (e.g. M = 40 at H = 5120) that shape is also
+    // [G, Mp], the layout's own storage order, and the two cannot be told apart: taken as
+    // [G, Mp].
+    const bool is_g_by_mp = m == groups && groups == mp;
+    if (s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1 && !is_g_by_mp) {
       invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
               " floats or the MN-major view " + shape_str({m, groups}) + " with strides " + shape_str({1, mp}) +
               " (scale(r, g) at g * " + std::to_string(mp) + " + r), got the row-major shape " +

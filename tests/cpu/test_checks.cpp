@@ -596,6 +596,30 @@ TEST(Fp8ScalesLayout, RowMajorMGRefusedWhereItsCountFits) {
   expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, ErrorCode::kInvalidArgument,
                {"fp8 scales", "MN-major view [4, 2]", "strides [1, 4]", "row-major shape [4, 2]"});
 }
+// At M == G == Mp (M = 40 at H = 5120, or M = 4 at H = 512) [M, G] is also [G, Mp], the
+// layout's storage order: the same shape, taken as [G, Mp], not refused.
+TEST(Fp8ScalesLayout, MEqualToGroupsIsTheStorageShape) {
+  Fp8Fixture f;
+  const int64_t m = 4, h = 512, hc = 4;
+  f.cfg.hidden_size = h;
+  Desc x(addr(0x10000), kBF16, {m, h}), residual(addr(0x20000), kBF16, {m, hc, h});
+  Desc post(addr(0x30000), kF32, {m, hc}), comb(addr(0x40000), kF32, {m, hc, hc}), pre(addr(0x50000), kF32, {m, hc});
+  Desc norm_weight(addr(0x60000), kBF16, {h});
+  Desc residual_out(addr(0x70000), kBF16, {m, hc, h}), layer_input(addr(0x80000), kBF16, {m, h});
+  Desc values(addr(0xF0000), kU8, {m, h}), g_mp(addr(0xF8000), kF32, {4, 4});
+  AllReduceMHCCallArgs a = f.fp8_call();
+  a.x = x.get();
+  a.epilogue.residual = residual.get();
+  a.epilogue.post = post.get();
+  a.epilogue.comb = comb.get();
+  a.epilogue.pre = pre.get();
+  a.epilogue.norm_weight = norm_weight.get();
+  a.epilogue.residual_out = residual_out.get();
+  a.epilogue.layer_input = layer_input.get();
+  a.epilogue.fp8_values = values.get();
+  a.epilogue.fp8_scales = g_mp.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+}
 TEST_F(Fp8Checks, ScalesOfOtherM) {
   // M = 4: Mp = 4, 2 * 4 floats; the M = 5 call needs Mp = 8.
   Desc m4(addr(0xF8000), kF32, {2, 4});
