@@ -4,7 +4,7 @@ the same model written the unfused way; both under torch.compile and replayed as
 
     python examples/dsv41_decode_step.py                       # TP=1
     torchrun --nproc-per-node 2 examples/dsv41_decode_step.py  # TP=2
-    options: --layers 4 --tokens 1,8,64,256 --check-only --json PATH
+    options: --layers 4 --tokens 1,8,64,256 --check-only --profile --json PATH
 
 Each layer (H = 5120, hc = 4 residual streams, as DSV4.1):
 1. attention sublayer: its mHC mixes from the streams (vLLM's DeepSeek V4 formulation: the
@@ -269,6 +269,43 @@ def compare(a, b):
     return same, ulp, rel, (rows < 0.05).float().mean().item()
 
 
+def kernel_profile(run, steps: int):
+    """The GPU kernels of ``steps`` calls of ``run`` (torch.profiler, CUDA activity; kernels
+    inside CUDA-graph replays included): rows (us per step, launches per step, name), the most
+    time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0)
+        if t > 0 and e.count > 0:
+            rows.append((t / steps, e.count / steps, e.key))
+    rows.sort(reverse=True)
+    return rows
+
+
+def print_profile(say, m: int, name: str, rows, top: int = 14) -> dict:
+    """One model's kernels per decode step; returns the summary for the JSON row."""
+    launches, busy = sum(r[1] for r in rows), sum(r[0] for r in rows)
+    say(f"  M={m} {name}: {launches:.0f} kernel launches a step, {busy:.1f} us of kernel time "
+        "(the kernels, most time first: us a step, launches a step, name)")
+    for us, n, key in rows[:top]:
+        say(f"    {us:8.1f} {n:5.0f}  {key[:100]}")
+    if len(rows) > top:
+        rest = rows[top:]
+        say(f"    {sum(r[0] for r in rest):8.1f} {sum(r[1] for r in rest):5.0f}  "
+            f"({len(rest)} other kernels)")
+    return {"launches": launches, "kernel_us": busy,
+            "kernels": [{"us": us, "launches": n, "name": key} for us, n, key in rows]}
+
+
 def dynamo_stats() -> str:
     """Dynamo's graphs and graph breaks so far (both models together)."""
     try:
@@ -286,6 +323,9 @@ def parse_args():
     p.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",") if v], default=[1, 8, 64, 256],
                    help="comma list of decode batch sizes M (default 1,8,64,256)")
     p.add_argument("--check-only", action="store_true", help="check, do not time")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, list each model's GPU kernels per decode step "
+                        "(torch.profiler over graph replays): where the two steps' time goes")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     p.add_argument("--experts", type=int, default=8, help="routed experts of the MoE stand-in (default 8)")
     p.add_argument("--moe-inter", type=int, default=512,
@@ -483,6 +523,13 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         say(f"  M={m} {name}: timing failed: {type(e).__name__}: {e}")
                         status = 1
+                if args.profile:
+                    for name, graph in graphs.items():
+                        try:
+                            rows = kernel_profile(graph.replay, args.replays)
+                            row[f"{name}_profile"] = print_profile(say, m, name, rows)
+                        except Exception as e:  # noqa: BLE001
+                            say(f"  M={m} {name}: profile failed: {type(e).__name__}: {e}")
                 if "mhccl_us" in row and "unfused_us" in row:
                     say(f"  M={m} decode step ({args.layers} layers): mhccl {row['mhccl_us']:.1f} us, "
                         f"unfused {row['unfused_us']:.1f} us ({row['unfused_us'] / row['mhccl_us']:.2f}x)")
