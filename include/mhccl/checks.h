@@ -47,6 +47,12 @@ bool all_gather_accepts(int64_t rank_capacity_bytes, const DLTensor& in);
 bool check_all_gather_call(int64_t rank_capacity_bytes, int tp, int device, const DLTensor& in,
                            const DLTensor& out);
 
+// Floats of a checked FP8 scales tensor that a call for M rows of width H writes, from its data
+// pointer: Mp * G for a contiguous tensor; for the MN-major view [M, G] with strides [1, Mp], its
+// extent (G - 1) * Mp + M: the last column's padding rows lie beyond the view (vLLM's
+// TMA-aligned scales at M % 4 != 0 end there) and are not written.
+int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h);
+
 // For messages: "bfloat16", "[3, 4, 5120]", ...
 std::string describe_dtype(const DLDataType& t);
 std::string describe_shape(const DLTensor& t);

@@ -47,14 +47,26 @@ _INT64_MAX = 2**63 - 1
 
 
 def _is_boolish(value: Any) -> bool:
-    """A bool, NumPy's bool_ or a bool tensor/array (which have __index__ and __float__)."""
-    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+    """A bool, NumPy's bool_ or a bool tensor/array (which have __index__ and __float__). An int
+    is answered without getattr, which Dynamo cannot trace on a dynamic size (an int to it)."""
+    if isinstance(value, int):
+        return isinstance(value, bool)
+    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
+def _is_symint(value: Any) -> bool:
+    """A torch.SymInt: a size of a trace with dynamic shapes (torch already imported then)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.SymInt)
 
 
 def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) -> int:
     """``value`` as an int for argument ``name``: TypeError for anything but an integer (bool,
     NumPy's bool_, bool tensors and float included), ValueError outside [lo, hi] (the C++ type's
-    range unless narrower)."""
+    range unless narrower). A torch.SymInt (a dynamic size while torch.compile traces) is
+    returned as it is: its range is not known until the compiled code runs."""
+    if _is_symint(value):
+        return value
     if _is_boolish(value) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     try:
@@ -145,9 +157,8 @@ def mxfp8_scale_bytes(m: int, hidden: int) -> int:
     hidden = _int_arg("hidden", hidden, 1)
     if hidden % 32:
         raise ValueError(f"hidden: expected a positive multiple of 32, got {hidden}")
-    blocks = hidden // 32
-    n = 512 * ((m + 127) // 128) * ((blocks + 3) // 4)
-    if n > _INT64_MAX:
+    n = _ops._scale_bytes(m, hidden)
+    if not _is_symint(n) and n > _INT64_MAX:
         raise ValueError(f"mxfp8_scale_bytes({m}, {hidden}): {n} bytes exceed int64")
     return n
 
@@ -189,7 +200,7 @@ def fp8_group_scale_bytes(m: int, hidden: int) -> int:
     if hidden % _FP8_GROUP:
         raise ValueError(f"hidden: expected a positive multiple of 128, got {hidden}")
     n = 4 * _ops._fp8_scale_rows(m) * (hidden // _FP8_GROUP)
-    if n > _FP8_MAX_BYTES:
+    if not _is_symint(n) and n > _FP8_MAX_BYTES:
         raise ValueError(f"fp8_group_scale_bytes({m}, {hidden}): {n} bytes exceed 2**62")
     return n
 
@@ -203,7 +214,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
             buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g);
             where m == G == Mp the two shapes are the same and it is taken as [G, Mp]), or
-            that view already over storage of Mp * G floats (returned as it is).
+            that view already (returned as it is), over storage of Mp * G floats or at least of
+            its extent (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
 
     Returns: ``scales.as_strided((m, G), (1, Mp))``, sharing its storage.
@@ -211,7 +223,7 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     Raises:
         TypeError: ``scales`` is not a tensor, or ``m`` / ``hidden`` not ints.
         ValueError: a dtype other than float32, a wrong element count, a non-contiguous tensor
-            other than the view, the view over storage short of the padding rows, or ``m`` /
+            other than the view, the view over storage short of its extent, or ``m`` /
             ``hidden`` out of range.
     """
     import torch
@@ -222,11 +234,17 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     if scales.dtype != torch.float32:
         raise ValueError(f"scales: expected dtype float32, got {scales.dtype}")
     if _is_fp8_scales_view(scales, m, groups, mp):
-        _check_fp8_scale_storage(scales, m, hidden, "scales")
+        _fp8_scales_for_kernel(scales, m, hidden, "scales")  # over storage of its extent at least
         return scales
+    m_by_g = tuple(scales.shape) == (m, groups) and m > 1 and groups > 1
+    if m_by_g and scales.stride(0) == 1:  # MN-major, but columns not Mp floats apart
+        raise ValueError(f"scales: expected the MN-major view [{m}, {groups}] with strides (1, {mp}) "
+                         f"(columns of Mp = fp8_group_scale_rows({m}) = {mp} floats, 16-byte aligned "
+                         "as DeepGEMM's TMA-aligned layout; vLLM's tma_aligned_scales=True) or the "
+                         f"flat buffer of {floats} floats, got column stride {scales.stride(1)}")
     # At m == G == Mp (e.g. m = 40 at hidden = 5120) [m, G] is also [G, Mp], the storage order
     # itself, and the two cannot be told apart: taken as [G, Mp], as the C++ check does.
-    if tuple(scales.shape) == (m, groups) and m > 1 and groups > 1 and not m == groups == mp:
+    if m_by_g and scales.is_contiguous() and not m == groups == mp:
         raise ValueError(f"scales: expected the flat buffer of {floats} floats or the MN-major view "
                          f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
                          f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
@@ -264,22 +282,29 @@ def _is_fp8_scales_view(t, m, groups, mp) -> bool:
             and (groups == 1 or t.stride(1) == mp))
 
 
-def _check_fp8_scale_storage(scales, m, hidden, name="fp8 scales") -> None:
-    """The kernels write all Mp * G floats of the scales, the padding rows too: an [M, G] view
-    must sit over storage that holds them (which the C++ check cannot see through DLPack)."""
+def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
+    """The FP8 scales as the C++ call gets them. The MN-major [m, G] view (strides (1, Mp)):
+    the flat buffer of Mp * G floats over its storage where that storage holds them (every
+    padding row is then written 0, as for the flat buffer); else the view itself, over storage
+    of at least its extent (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0 end
+    there), and the last column's padding rows, beyond the view, are not written. Anything else
+    goes to the C++ check as it is (which cannot see storage through DLPack)."""
     import torch
 
     if scales is None or scales.dtype != torch.float32 or hidden % _FP8_GROUP:
-        return  # the C++ checks name what is wrong
+        return scales  # the C++ checks name what is wrong
     mp, groups = _ops._fp8_scale_rows(m), hidden // _FP8_GROUP
     if not _is_fp8_scales_view(scales, m, groups, mp):
-        return  # a flat tensor: the C++ check counts its elements
+        return scales  # a flat tensor: the C++ check counts its elements
     held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
-    if held < mp * groups:
-        raise ValueError(f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over "
-                         f"{mp * groups} floats (fp8_group_scale_rows({m}) * {groups}: the kernels "
-                         f"write the padding rows too), its storage holds {held} from its offset "
-                         "(allocate with mhccl.empty_fp8_group_scales)")
+    if held >= mp * groups:
+        return scales.as_strided((mp * groups,), (1,))
+    extent = (groups - 1) * mp + m
+    if held < extent:
+        raise ValueError(f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over at "
+                         f"least {extent} floats ((G - 1) * Mp + M), its storage holds {held} from "
+                         "its offset (allocate with mhccl.empty_fp8_group_scales)")
+    return scales
 
 
 def _device_index(device: Any) -> int:
@@ -616,7 +641,7 @@ class AllReduceMHC:
                      layer_input, values, scales, fp8_values=None, fp8_scales=None):
         m = self._rows("x", x)
         eps = _eps_arg("norm_eps", eps)
-        _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
+        fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
@@ -628,7 +653,7 @@ class AllReduceMHC:
                          fp8_scales=None):
         m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
         eps = _eps_arg("norm_eps", eps)
-        _check_fp8_scale_storage(fp8_scales, m, self.hidden_size)
+        fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.finalize(_packed(gemm2_permuted, (None, h)),
@@ -668,7 +693,9 @@ class AllReduceMHC:
                 (1, Mp) over a buffer of Mp * G floats (``mhccl.empty_fp8_group_scales``; DeepGEMM's
                 layout) or a contiguous tensor of Mp * G floats (``fp8_group_scales_view`` gives
                 the view of it); G = H / 128, Mp = ``fp8_group_scale_rows(M)``, padding rows
-                written 0. Both 16-byte aligned.
+                written 0. Both 16-byte aligned. The view over storage that ends at its last
+                element (vLLM's ``tma_aligned_scales=True`` at M % 4 != 0) is accepted too; the
+                last column's padding rows, beyond that storage, are not written.
 
         Inputs of any strides or alignment are accepted (copied first when not contiguous and
         16-byte aligned), and mixes by element count, as the reference module does. Stricter than

@@ -422,28 +422,49 @@ def test_fp8_group_scales_view_errors():
         mhccl.fp8_group_scales_view(torch.zeros(g, 8).t(), m, H)  # right count, not contiguous
     with pytest.raises(TypeError, match="^scales: expected a torch.Tensor, got list"):
         mhccl.fp8_group_scales_view([0.0] * 16, m, H)
-    # Shaped and strided as the view, over storage without the padding rows: not returned as it is.
-    with pytest.raises(ValueError, match=r"^scales: the view \[5, 2\] with strides \(1, 8\) must lie over 16"):
-        mhccl.fp8_group_scales_view(torch.empty_strided((m, g), (1, 8)), m, H)
-    with pytest.raises(ValueError, match=r"^scales: the view \[5, 1\] .* must lie over 8 floats"):
-        mhccl.fp8_group_scales_view(torch.zeros(m, 1), m, 128)  # G = 1: an unpadded [M, 1]
+    # The view over storage that ends at its last element (vLLM's TMA-aligned scales at
+    # M % 4 != 0): returned as it is; an unpadded [M, 1] at G = 1 is that view too.
+    vllm = torch.empty_strided((m, g), (1, 8))
+    assert mhccl.fp8_group_scales_view(vllm, m, H) is vllm
+    one = torch.zeros(m, 1)
+    assert mhccl.fp8_group_scales_view(one, m, 128) is one
     with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
         mhccl.fp8_group_scales_view(torch.zeros(16), m, 96)
     with pytest.raises(ValueError, match="^hidden: expected a positive multiple of 128"):
         mhccl.empty_fp8_group_scales(m, 96, "meta")
 
 
-def test_fp8_scale_view_over_short_storage_is_refused():
-    """A [M, G] view whose storage lacks the padding rows (e.g. torch.empty_strided) would have the
-    kernels write past its end: refused before any launch, naming the helper to use."""
+def test_fp8_scale_views_as_the_kernels_get_them():
+    """The MN-major view over storage of Mp * G floats goes to the C++ call as the flat buffer over
+    that storage (every padding row written 0); over storage that ends at its last element
+    (vLLM's per_token_group_quant_fp8 with tma_aligned_scales=True allocates
+    empty_strided((M, G), (1, Mp))) as the view itself, whose extent (G - 1) * Mp + M is all
+    the C++ call writes; anything else as it is, for the C++ check."""
     m, g = 5, H // 128
-    short = torch.empty_strided((m, g), (1, 8), dtype=torch.float32)
-    assert short.untyped_storage().nbytes() // 4 < 8 * g
-    with pytest.raises(ValueError, match=r"^fp8 scales: the view \[5, 2\] with strides \(1, 8\) must "
-                                         r"lie over 16 floats .*empty_fp8_group_scales"):
-        _api._check_fp8_scale_storage(short, m, H)
-    _api._check_fp8_scale_storage(mhccl.empty_fp8_group_scales(m, H, "cpu"), m, H)  # fine
-    _api._check_fp8_scale_storage(torch.zeros(8 * g), m, H)  # flat: the C++ check counts it
+    vllm = torch.empty_strided((m, g), (1, 8), dtype=torch.float32)
+    assert vllm.untyped_storage().nbytes() // 4 == (g - 1) * 8 + m
+    assert _api._fp8_scales_for_kernel(vllm, m, H) is vllm
+    full = mhccl.empty_fp8_group_scales(m, H, "cpu")
+    flat = _api._fp8_scales_for_kernel(full, m, H)
+    assert flat.shape == (8 * g,) and flat.data_ptr() == full.data_ptr()
+    other = torch.zeros(8 * g)
+    assert _api._fp8_scales_for_kernel(other, m, H) is other  # flat: the C++ check counts it
+    # A view into a bigger buffer, at an offset: the buffer holds the padding, flat from there.
+    big = torch.zeros(1000)
+    view = big.as_strided((m, g), (1, 8), 100)
+    flat = _api._fp8_scales_for_kernel(view, m, H)
+    assert flat.shape == (8 * g,) and flat.storage_offset() == 100
+
+
+def test_fp8_scales_column_major_without_padding_named_as_such():
+    """vLLM's column_major_scales=True without tma_aligned_scales gives [M, G] with strides (1, M):
+    at M % 4 != 0 its columns are not Mp floats apart; the message says so (it used to call it
+    row-major)."""
+    m, g = 5, H // 128
+    cm = torch.empty((g, m)).t()
+    with pytest.raises(ValueError, match=r"^scales: expected the MN-major view \[5, 2\] with strides "
+                                         r"\(1, 8\) .*tma_aligned_scales=True.*got column stride 5"):
+        mhccl.fp8_group_scales_view(cm, m, H)
 
 
 class Recorder:
@@ -474,7 +495,8 @@ def recording_op(monkeypatch):
 def test_fp8_out_reaches_the_cpp_call(recording_op, finalize, flat):
     """fp8_out travels through the _out torch op to the C++ call's fp8_values / fp8_scales (CPU
     tensors run the real op implementation, whose C++ op is the recorder here): values as uint8
-    bytes of the same memory, the scales tensor as given (view or flat)."""
+    bytes of the same memory, the scales tensor as given when flat, the view as the flat buffer
+    over its storage (which holds the padding rows)."""
     op, rec = recording_op
     m = 3
     lead, t = _call_inputs(m, "cpu", finalize, "fp8")
@@ -490,7 +512,11 @@ def test_fp8_out_reaches_the_cpp_call(recording_op, finalize, flat):
     mx_values, mx_scales, fp8_values, fp8_scales, stream, protocol = args[-6:]
     assert mx_values is None and mx_scales is None and (stream, protocol) == (1234, "auto")
     assert fp8_values.dtype == torch.uint8 and fp8_values.data_ptr() == values.data_ptr()
-    assert fp8_scales is scales
+    if flat:
+        assert fp8_scales is scales
+    else:
+        assert fp8_scales.shape == (mhccl.fp8_group_scale_bytes(m, H) // 4,)
+        assert fp8_scales.data_ptr() == scales.data_ptr()
     assert args[-7] is li and args[-8] is res
 
 
@@ -504,7 +530,9 @@ def test_functional_with_fp8_allocates_the_strided_scales(recording_op, finalize
     assert _fp8_scales_ok(outs[-1], m)
     (_, args), = rec.calls
     assert args[-6] is None and args[-5] is None  # no mxfp8 pair
-    assert args[-4].data_ptr() == outs[2].data_ptr() and args[-3] is outs[3]
+    assert args[-4].data_ptr() == outs[2].data_ptr()
+    # The view, over a buffer of Mp * G floats, reaches the C++ call as that flat buffer.
+    assert args[-3].shape == (8 * (H // 128),) and args[-3].data_ptr() == outs[3].data_ptr()
 
 
 def test_fp8_and_mxfp8_outputs_together_reach_the_cpp_refusal(recording_op):
@@ -839,3 +867,25 @@ def test_protocol_for_takes_only_the_rows_a_call_takes(recording_op):
             op.protocol_for(m)
     with pytest.raises(TypeError, match="^finalize: expected a bool"):
         op.protocol_for(1, finalize=1)
+
+
+def test_size_helpers_trace_with_a_dynamic_m():
+    """vLLM compiles with the token count dynamic (fullgraph): the size helpers take its symbolic
+    M (they used to call getattr on it, which Dynamo cannot trace) and give the eager sizes."""
+    h = 5120
+
+    def sizes(x):
+        m = x.shape[0]
+        mx = torch.zeros(mhccl.mxfp8_scale_bytes(m, h), dtype=torch.uint8)
+        flat = torch.zeros(mhccl.fp8_group_scale_bytes(m, h) // 4)
+        view = mhccl.fp8_group_scales_view(flat, m, h)
+        empty = mhccl.empty_fp8_group_scales(m, h, x.device)
+        rows = torch.zeros(mhccl.fp8_group_scale_rows(m))
+        return mx, flat, view, empty, rows
+
+    torch._dynamo.reset()
+    compiled = torch.compile(sizes, fullgraph=True, backend="aot_eager", dynamic=True)
+    for m in (1, 5, 9, 40):
+        x = torch.zeros(m, 8)
+        got, want = compiled(x), sizes(x)
+        assert [(tuple(t.shape), t.stride()) for t in got] == [(tuple(t.shape), t.stride()) for t in want]

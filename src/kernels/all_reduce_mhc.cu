@@ -456,9 +456,13 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
         if (pack % kFp8GroupPacks == 0) {
           const int64_t g = pack / kFp8GroupPacks, mp = p.fp8_scale_rows;
           p.fp8_scales[fp8_group_scale_offset(row, g, mp)] = s;
-          // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every call.
+          // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every
+          // call, where they lie inside the tensor given (not past the end of an MN-major view).
           if (row == p.m - 1) {
-            for (int64_t r = p.m; r < mp; ++r) p.fp8_scales[fp8_group_scale_offset(r, g, mp)] = 0.0f;
+            for (int64_t r = p.m; r < mp; ++r) {
+              const int64_t o = fp8_group_scale_offset(r, g, mp);
+              if (o < p.fp8_scale_floats) p.fp8_scales[o] = 0.0f;
+            }
           }
         }
       }

@@ -194,6 +194,8 @@ struct ConsumerParams {
   void* fp8_values;       // kFp8: [M, H] E4M3
   float* fp8_scales;      // kFp8: scale(m, g) at g * fp8_scale_rows + m, padding rows written 0
   int64_t fp8_scale_rows; // Mp = ceil(M / 4) * 4
+  int64_t fp8_scale_floats; // floats of fp8_scales that may be written: padding rows at or beyond
+                            // it are not (the MN-major view ends at the last column's row M - 1)
   bool fp8_ue8m0;         // kFp8: power-of-two scales
   int64_t m;
   int np;

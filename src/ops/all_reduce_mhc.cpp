@@ -251,6 +251,7 @@ struct AllReduceMHC::Impl {
     cp.fp8_values = mutable_data_of(e.fp8_values);
     cp.fp8_scales = static_cast<float*>(mutable_data_of(e.fp8_scales));
     cp.fp8_scale_rows = fp8_group_scale_rows(m);
+    cp.fp8_scale_floats = e.fp8_scales == nullptr ? 0 : fp8_scale_floats(*e.fp8_scales, m, cfg.hidden_size);
     cp.fp8_ue8m0 = cfg.fp8_ue8m0_scales;
     cp.m = m;
     cp.np = np;

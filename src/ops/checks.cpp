@@ -162,9 +162,16 @@ int64_t leading_rows(const DLTensor* t, const char* name, const AllReduceMHCConf
   return m;
 }
 
-// The FP32 scales of the FP8 variant: fp8_group_scale_bytes(M, H) bytes, 16-byte aligned (the
-// layout's columns are), as a contiguous tensor of Mp * G floats or as the MN-major view [M, G]
-// with strides [1, Mp] (DeepGEMM's and vLLM's scale tensor, whose storage holds the padding).
+// Whether s is the MN-major view [M, G] with strides [1, Mp] (the stride of a dimension of size
+// 1 does not matter).
+bool is_fp8_scales_view(const DLTensor& s, int64_t m, int64_t groups, int64_t mp) {
+  return s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && s.strides != nullptr &&
+         (m == 1 || s.strides[0] == 1) && (groups == 1 || s.strides[1] == mp);
+}
+
+// The FP32 scales of the FP8 variant, 16-byte aligned (the layout's columns are): a contiguous
+// tensor of Mp * G floats (fp8_group_scale_bytes(M, H) bytes), or the MN-major view [M, G] with
+// strides [1, Mp] (DeepGEMM's and vLLM's scale tensor; fp8_scale_floats says what is written).
 void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   const char* name = "fp8 scales";
   check_dims(s, name);
@@ -173,21 +180,29 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   if (!dtype_is(s.dtype, Kind::kF32)) {
     invalid(std::string(name) + ": expected dtype float32, got " + describe_dtype(s.dtype));
   }
-  const bool mn_major_view = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && s.strides != nullptr &&
-                             (m == 1 || s.strides[0] == 1) && (groups == 1 || s.strides[1] == mp);
-  if (!mn_major_view) {
+  if (!is_fp8_scales_view(s, m, groups, mp)) {
     // A row-major [M, G] tensor holds Mp * G floats exactly when M % 4 == 0, but scale(r, g)
     // sits at g * Mp + r, not at r * G + g: refused, so a reader of scales[r, g] never gets the
     // wrong group's scale. Where M == G == Mp (e.g. M = 40 at H = 5120) that shape is also
     // [G, Mp], the layout's own storage order, and the two cannot be told apart: taken as
     // [G, Mp].
     const bool is_g_by_mp = m == groups && groups == mp;
-    if (s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1 && !is_g_by_mp) {
+    const bool m_by_g = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1;
+    if (m_by_g && is_contiguous(s) && !is_g_by_mp) {
       invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
               " floats or the MN-major view " + shape_str({m, groups}) + " with strides " + shape_str({1, mp}) +
               " (scale(r, g) at g * " + std::to_string(mp) + " + r), got the row-major shape " +
               describe_shape(s) + " with strides " + strides_str(s) +
               ", whose element [r, g] would not be scale(r, g)");
+    }
+    // MN-major but with columns M floats apart (vLLM's column_major_scales without
+    // tma_aligned_scales, at M % 4 != 0): the kernels write columns Mp floats apart.
+    if (m_by_g && s.strides != nullptr && s.strides[0] == 1) {
+      invalid(std::string(name) + ": expected the MN-major view " + shape_str({m, groups}) + " with strides " +
+              shape_str({1, mp}) + " (columns of Mp = fp8_group_scale_rows(" + std::to_string(m) + ") = " +
+              std::to_string(mp) + " floats, 16-byte aligned as DeepGEMM's TMA-aligned layout; vLLM's "
+              "tma_aligned_scales=True) or the flat buffer of " + std::to_string(mp * groups) +
+              " floats, got column stride " + std::to_string(s.strides[1]) + " (strides " + strides_str(s) + ")");
     }
     if (numel(s) * 4 != want) {
       invalid(std::string(name) + ": expected " + std::to_string(want) + " bytes (fp8_group_scale_bytes(" +
@@ -215,8 +230,8 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
 }
 
 // Byte range [first, last) a checked tensor covers: its data and `bytes` from there, by default
-// tensor_bytes (every checked tensor is compact but the FP8 scales' view, whose whole buffer,
-// padding rows included, the caller names). An absent tensor covers nothing.
+// tensor_bytes (every checked tensor is compact but the FP8 scales' view, whose extent
+// fp8_scale_floats gives). An absent tensor covers nothing.
 struct Span {
   const char* name;
   uintptr_t first, last;
@@ -317,7 +332,9 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
     check_tensor(e.pre, "pre", Kind::kF32, {m, hc}, device);
     check_tensor(e.norm_weight, "norm_weight", Kind::kBF16, {h}, device);
     if (!std::isfinite(e.eps) || e.eps < 0.0f) {
-      invalid("eps: expected a finite RMSNorm epsilon >= 0, got " + std::to_string(e.eps));
+      char got[32];
+      std::snprintf(got, sizeof got, "%.9g", static_cast<double>(e.eps));  // -1e-45, not -0.000000
+      invalid(std::string("eps: expected a finite RMSNorm epsilon >= 0, got ") + got);
     }
     check_tensor(e.layer_input, "layer_input", Kind::kBF16, {m, h}, device);
   }
@@ -346,7 +363,8 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
   const std::vector<Span> outputs{span_of(e.residual_out, "residual_out"), span_of(e.layer_input, "layer_input"),
                                   span_of(e.mxfp8_values, "mxfp8 values"), span_of(e.mxfp8_scales, "mxfp8 scales"),
                                   span_of(e.fp8_values, "fp8 values"),
-                                  span_of(e.fp8_scales, "fp8 scales", fp8_group_scale_bytes(m, h))};
+                                  span_of(e.fp8_scales, "fp8 scales",
+                                          e.fp8_scales == nullptr ? 0 : 4 * fp8_scale_floats(*e.fp8_scales, m, h))};
   check_no_overlap(inputs, outputs, residual_index);
 }
 
@@ -375,8 +393,13 @@ std::string describe_shape(const DLTensor& t) {
   return join_dims(t.shape, t.ndim);
 }
 
+int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h) {
+  const int64_t mp = fp8_group_scale_rows(m), groups = h / kFp8GroupElems;
+  return is_fp8_scales_view(scales, m, groups, mp) ? (groups - 1) * mp + m : mp * groups;
+}
+
 bool is_contiguous(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
+  if (t.strides == nullptr || numel(t) == 0) return true;  // no element: any strides (as PyTorch)
   int64_t expect = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     if (t.shape[i] != 1 && t.strides[i] != expect) return false;
@@ -570,6 +593,25 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
   }
   if (data_address(out) % 16 != 0) {
     invalid("output: expected a 16-byte aligned data pointer, got " + hex_address(data_address(out)));
+  }
+  // The bytes the input's elements span, strided or not (accepted: at least one element).
+  const int64_t elem = tensor_bytes(in) / numel(in);
+  int64_t lo = 0, hi = numel(in) - 1;  // element offsets from its data
+  if (in.strides != nullptr) {
+    hi = 0;
+    for (int i = 0; i < in.ndim; ++i) {
+      const int64_t reach = (in.shape[i] - 1) * in.strides[i];
+      (reach < 0 ? lo : hi) += reach;
+    }
+  }
+  const uintptr_t in_first = data_address(in) + static_cast<uintptr_t>(lo * elem);
+  const uintptr_t in_last = data_address(in) + static_cast<uintptr_t>((hi + 1) * elem);
+  const uintptr_t out_first = data_address(out), out_last = out_first + static_cast<uintptr_t>(tensor_bytes(out));
+  if (in_first < out_last && out_first < in_last) {
+    invalid("output: expected a tensor apart from the input, got bytes [" + hex_address(out_first) + ", " +
+            hex_address(out_last) + ") overlapping the input's [" + hex_address(in_first) + ", " +
+            hex_address(in_last) + ") (an in-place all-gather, the input being this rank's rows of the "
+            "output, is not supported: the output is written while the input is read)");
   }
   return !is_contiguous(in) || data_address(in) % 16 != 0;
 }

@@ -305,6 +305,9 @@ TEST_F(Checks, LayerInputGivenToResidualOnly) {
 TEST_F(Checks, EpsNegativeOrNaN) {
   call_error([&](auto& a) { a.epilogue.eps = -1.0f; }, ErrorCode::kInvalidArgument, {"eps"});
   call_error([&](auto& a) { a.epilogue.eps = NAN; }, ErrorCode::kInvalidArgument, {"eps"});
+  // A tiny negative eps is named as it is (std::to_string printed -0.000000).
+  call_error([&](auto& a) { a.epilogue.eps = -1e-45f; }, ErrorCode::kInvalidArgument, {"eps", "got -1.4"});
+  call_error([&](auto& a) { a.epilogue.eps = -3e-7f; }, ErrorCode::kInvalidArgument, {"eps", "got -3.0000001"});
 }
 TEST_F(Checks, FinalizeIndexDtype) {
   Desc bad(addr(0xD0000), kI64, {5, 3});
@@ -325,6 +328,15 @@ TEST_F(Checks, FinalizeGemm2Shape) {
   Desc bad(addr(0xB0000), kBF16, {11, 32});
   finalize_error([&](auto& a) { a.gemm2_permuted = bad.get(); }, ErrorCode::kInvalidArgument,
                  {"gemm2_permuted", "[rows, 64]"});
+}
+// A rank that holds no route: gemm2_permuted of 0 rows, sliced from a wider buffer (strides
+// [2H, 1], data null, as torch.empty(0, 2 * H)[:, :H]): no element, contiguous as PyTorch says.
+TEST_F(Checks, FinalizeGemm2OfNoRowsWithAnyStrides) {
+  Desc none(nullptr, kBF16, {0, 64});
+  none.with_strides({128, 1});
+  AllReduceMHCFinalizeArgs a = f.finalize();
+  a.gemm2_permuted = none.get();
+  EXPECT_EQ(check_all_reduce_mhc_finalize(f.cfg, 0, a), 5);
 }
 TEST_F(Checks, FinalizeSharedRowsDisagree) {
   Desc bad(addr(0xE0000), kBF16, {6, 64});  // M from shared_output: residual then mismatches
@@ -545,7 +557,7 @@ TEST_F(Fp8Checks, ScalesSizeDtypeLayoutAlignment) {
   Desc not_aligned_view(addr(0xF8000), kF32, {5, 2});  // columns of M, not Mp, floats
   not_aligned_view.with_strides({1, 5});
   call_error([&](auto& a) { a.epilogue.fp8_scales = not_aligned_view.get(); }, ErrorCode::kInvalidArgument,
-             {"fp8 scales", "strides [1, 8]", "strides [1, 5]"});
+             {"fp8 scales", "strides [1, 8]", "column stride 5", "tma_aligned_scales=True"});
   Desc strided(addr(0xF8000), kF32, {2, 8});
   strided.with_strides({16, 1});
   call_error([&](auto& a) { a.epilogue.fp8_scales = strided.get(); }, ErrorCode::kInvalidArgument,
@@ -620,6 +632,34 @@ TEST(Fp8ScalesLayout, MEqualToGroupsIsTheStorageShape) {
   a.epilogue.fp8_scales = g_mp.get();
   EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
 }
+// vLLM's per_token_group_quant_fp8(column_major_scales=True, tma_aligned_scales=True) allocates
+// empty_strided((M, G), (1, Mp)): at M % 4 != 0 its storage ends at the last column's row M - 1,
+// (G - 1) * Mp + M floats. The view's extent is what a call writes (fp8_scale_floats), and what
+// the overlap check compares: a tensor right after it is apart. The flat buffer: Mp * G.
+TEST_F(Fp8Checks, ViewWritesItsExtentOnly) {
+  const int64_t m = 5, h = 256, mp = 8, groups = 2;
+  Desc view(addr(0xF8000), kF32, {m, groups});
+  view.with_strides({1, mp});
+  EXPECT_EQ(fp8_scale_floats(view.t, m, h), (groups - 1) * mp + m);
+  EXPECT_EQ(fp8_scale_floats(f.fscales.t, m, h), mp * groups);  // [G, Mp]
+  Desc flat(addr(0xF8000), kF32, {mp * groups});
+  EXPECT_EQ(fp8_scale_floats(flat.t, m, h), mp * groups);
+  Desc one_row(addr(0xF8000), kF32, {1, groups});  // M = 1: the row's stride does not matter
+  one_row.with_strides({7, 4});
+  EXPECT_EQ(fp8_scale_floats(one_row.t, 1, h), 4 + 1);
+  AllReduceMHCCallArgs a = f.fp8_call();
+  a.epilogue.fp8_scales = view.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), m);
+  // post (FP32, 4-byte aligned) right after the view's 13 floats, inside the Mp * G = 16 of a
+  // flat buffer: apart from the view; one float earlier it overlaps the view's last scale.
+  Desc post_after(addr(0xF8000 + 4 * ((groups - 1) * mp + m)), kF32, {m, 4});
+  a.epilogue.post = post_after.get();
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), m);
+  Desc post_inside(addr(0xF8000 + 4 * ((groups - 1) * mp + m) - 4), kF32, {m, 4});
+  a.epilogue.post = post_inside.get();
+  expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, ErrorCode::kInvalidArgument,
+               {"fp8 scales", "apart from every input", "post"});
+}
 TEST_F(Fp8Checks, ScalesOfOtherM) {
   // M = 4: Mp = 4, 2 * 4 floats; the M = 5 call needs Mp = 8.
   Desc m4(addr(0xF8000), kF32, {2, 4});
@@ -661,6 +701,29 @@ TEST(AllGatherChecks, CapacityAndAccepts) {
   EXPECT_FALSE(all_gather_accepts(4096, odd.t));
   Desc empty(addr(0x1000), kBF16, {0, 8});
   EXPECT_FALSE(all_gather_accepts(4096, empty.t));
+}
+
+// The output may not overlap the input (wrong bits otherwise): in-place (the input being this
+// rank's rows of the output) refused too; adjacent tensors are apart; a strided input's span.
+TEST(AllGatherChecks, OutputApartFromInput) {
+  Desc in(addr(0x10000), kBF16, {4, 8});  // 64 bytes
+  Desc shifted(addr(0x10010), kBF16, {16, 8});
+  expect_error([&] { check_all_gather_call(4096, 4, 0, in.t, shifted.t); }, ErrorCode::kInvalidArgument,
+               {"output", "overlapping the input", "0x10010"});
+  Desc own_rows(addr(0x10000 - 64), kBF16, {16, 8});  // rank 1's rows of the output are `in`
+  expect_error([&] { check_all_gather_call(4096, 4, 0, in.t, own_rows.t); }, ErrorCode::kInvalidArgument,
+               {"output", "in-place"});
+  Desc after(addr(0x10040), kBF16, {16, 8});
+  EXPECT_FALSE(check_all_gather_call(4096, 4, 0, in.t, after.t));
+  Desc before(addr(0x10000 - 256), kBF16, {16, 8});
+  EXPECT_FALSE(check_all_gather_call(4096, 4, 0, in.t, before.t));
+  Desc strided(addr(0x20000), kBF16, {4, 8});  // every other row of a [8, 8]: bytes [0, 3 * 32 + 16)
+  strided.with_strides({16, 1});
+  Desc on_last_row(addr(0x20000 + 3 * 32), kBF16, {16, 8});
+  expect_error([&] { check_all_gather_call(4096, 4, 0, strided.t, on_last_row.t); },
+               ErrorCode::kInvalidArgument, {"output", "overlapping"});
+  Desc after_strided(addr(0x20000 + 3 * 32 + 16), kBF16, {16, 8});
+  EXPECT_TRUE(check_all_gather_call(4096, 4, 0, strided.t, after_strided.t));  // copied first
 }
 
 // Found by an adversarial review (session 2): shapes read before their dimensions were checked,

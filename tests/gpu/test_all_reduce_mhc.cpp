@@ -5,6 +5,7 @@
 // FP8 variant where the MXFP8 instance runs MXFP8, and in place of its variant loops).
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -116,6 +117,37 @@ TEST_P(AllReduceMHCTest, Dsv41EveryVariantEveryM) {
       }
     }
   }
+  comm().check_errors();
+}
+
+// The MN-major FP8 scales view [M, G] with strides [1, Mp] (vLLM's TMA-aligned scales, whose
+// storage at M % 4 != 0 ends at the last column's row M - 1): the call writes the view's extent,
+// (G - 1) * Mp + M floats, padding rows of the other columns 0 (run's check), and nothing past
+// it: the last column's padding rows keep the poison upload wrote. Every path: the single launch
+// and CTA per row (small M), streaming (large M), one-shot, two-shot; call and finalize.
+TEST_P(AllReduceMHCTest, Fp8ScalesViewWritesNothingPastIt) {
+  MHCCL_REQUIRE_TP(tp());
+  if (qv() != Variant::kFp8Ue8m0) GTEST_SKIP() << "the harness passes the view in the fp8ue8m0 instance";
+  AllReduceMHC op(comm(), config(5120, 4, 320, 129));
+  CallBuffers b(320, 5120, 4, 6);
+  const int64_t groups = 5120 / kFp8GroupElems;
+  uint64_t seed = 61000;
+  int checked = 0;
+  for (bool fin : {false, true}) {
+    for (int64_t m : {1, 2, 3, 5, 7, 65, 133, 257, 319}) {
+      const Problem p = testing::make_problem(seed++, m, 5120, 4, tp(), fin);
+      const Outputs got = run(op, b, p, qv(), Protocol::kAuto, "view");
+      const int64_t mp = fp8_group_scale_rows(m), extent = (groups - 1) * mp + m;
+      for (int64_t i = extent; i < mp * groups; ++i) {
+        uint32_t w;
+        std::memcpy(&w, got.scales.data() + 4 * i, 4);
+        ASSERT_EQ(w, 0xA5A5A5A5u) << "float " << i << " past the view's extent " << extent << " written, M=" << m
+                                  << (fin ? " finalize" : " call");
+        ++checked;
+      }
+    }
+  }
+  std::printf("TP=%d: %d floats past the FP8 scale views' ends left alone\n", tp(), checked);
   comm().check_errors();
 }
 
