@@ -83,17 +83,29 @@ def _run(op, inp, mine, finalize, **kw):
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32-scales", "ue8m0-scales"])
 @pytest.mark.parametrize("finalize", [False, True], ids=["call", "finalize"])
 @pytest.mark.parametrize("m", MS)
-@pytest.mark.parametrize("scales_form", ["view", "flat"])
+@pytest.mark.parametrize("scales_form", ["view", "flat", "vllm"])
 def test_fp8_matches_vllm_per_token_group_quant(ops, m, finalize, ue8m0, scales_form):
+    """scales_form "vllm": the scales as vLLM's per_token_group_quant_fp8(...,
+    tma_aligned_scales=True) allocates them, empty_strided((M, G), (1, Mp)), whose storage ends at
+    the view's last element at M % 4 != 0: the call writes exactly that storage."""
     dev, built = ops
     inp, ranks = make_inputs(1000 + m + 7 * finalize, m, 1, finalize, dev)
     g = H // GROUP
+    mp = mhccl.fp8_group_scale_rows(m)
     values = torch.full((m, H), 0x55, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
     if scales_form == "view":
         scales = mhccl.empty_fp8_group_scales(m, H, dev)
+    elif scales_form == "vllm":
+        scales = torch.empty_strided((m, g), (1, mp), dtype=torch.float32, device=dev)
+        extent = (g - 1) * mp + m
+        assert scales.untyped_storage().nbytes() == 4 * extent
+        storage = torch.empty(0, dtype=torch.float32, device=dev).set_(
+            scales.untyped_storage(), 0, (extent,), (1,))
+        storage.fill_(float("nan"))  # the other columns' padding rows must come back 0
     else:
         scales = torch.empty(mhccl.fp8_group_scale_bytes(m, H) // 4, dtype=torch.float32, device=dev)
-    flat_scales(scales).fill_(float("nan"))  # the padding rows must come back 0
+    if scales_form != "vllm":
+        flat_scales(scales).fill_(float("nan"))  # the padding rows must come back 0
     res, li = _run(built[ue8m0], inp, ranks[0], finalize, fp8_out=(values, scales))
     res_plain, li_plain = _run(built["plain"], inp, ranks[0], finalize)
     torch.cuda.synchronize()
@@ -103,12 +115,15 @@ def test_fp8_matches_vllm_per_token_group_quant(ops, m, finalize, ue8m0, scales_
     got = values.view(torch.uint8)
     bad = (got != want_values).nonzero()
     assert bad.numel() == 0, f"fp8 values differ at {bad.shape[0]} elements, first {bad[:4].tolist()}"
-    got_scales = flat_scales(scales)
+    if scales_form == "vllm":  # its storage: the Mp * G floats but the last column's padding
+        got_scales, want_scales = storage, want_scales[:extent]
+    else:
+        got_scales = flat_scales(scales)
     assert torch.equal(got_scales.view(torch.int32), want_scales.view(torch.int32)), (
         f"fp8 scales differ at {int((got_scales.view(torch.int32) != want_scales.view(torch.int32)).sum())} "
         f"of {got_scales.numel()} floats")
-    if scales_form == "view":
-        assert tuple(scales.shape) == (m, g) and scales.stride() == (1, mhccl.fp8_group_scale_rows(m))
+    if scales_form != "flat":
+        assert tuple(scales.shape) == (m, g) and scales.stride() == (1, mp)
 
 
 @pytest.mark.parametrize("finalize", [False, True], ids=["call", "finalize"])
