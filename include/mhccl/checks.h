@@ -53,6 +53,12 @@ bool check_all_gather_call(int64_t rank_capacity_bytes, int tp, int device, cons
 // TMA-aligned scales at M % 4 != 0 end there) and are not written.
 int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h);
 
+// The dimensions of a strided tensor for a copy in its row-major element order, at most
+// max_dims of them: size-1 dimensions dropped, neighbours merged where the outer one's stride
+// is the inner one's extent. Writes shape/strides (max_dims entries each) and returns their
+// count (0 for a single element), or -1 where more than max_dims remain.
+int coalesce_dims(const DLTensor& t, int64_t* shape, int64_t* strides, int max_dims);
+
 // For messages: "bfloat16", "[3, 4, 5120]", ...
 std::string describe_dtype(const DLDataType& t);
 std::string describe_shape(const DLTensor& t);

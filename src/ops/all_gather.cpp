@@ -67,10 +67,14 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
   Communicator::Impl& c = *im.comm;
   c.check();
   const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
-  if (needs_copy && !is_contiguous(in) && in.ndim > 8) {
+  // The strided copy takes 8 dimensions: more are merged where they can be (coalesce_dims).
+  int64_t merged_shape[8], merged_strides[8];
+  const int merged = in.ndim > 8 ? coalesce_dims(in, merged_shape, merged_strides, 8) : in.ndim;
+  if (needs_copy && !is_contiguous(in) && merged < 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                "input: a non-contiguous input of at most 8 dimensions can be copied, got " +
-                    std::to_string(in.ndim));
+                "input: a non-contiguous input is copied with at most 8 dimensions after merging those "
+                "that can be merged (and dropping those of size 1); " + describe_shape(in) +
+                    " keeps more");
   }
   detail::DeviceGuard guard(c.device);
   const int64_t bytes = tensor_bytes(in);
@@ -83,10 +87,10 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
       kernels::StridedCopy sc = {};
       sc.src = src;
       sc.dst = im.staging;
-      sc.ndim = in.ndim;
-      for (int d = 0; d < in.ndim; ++d) {
-        sc.shape[d] = in.shape[d];
-        sc.strides[d] = in.strides[d];
+      sc.ndim = merged;
+      for (int d = 0; d < merged; ++d) {
+        sc.shape[d] = in.ndim > 8 ? merged_shape[d] : in.shape[d];
+        sc.strides[d] = in.ndim > 8 ? merged_strides[d] : in.strides[d];
       }
       sc.elem_bytes = in.dtype.bits * in.dtype.lanes / 8;
       MHCCL_CUDA(kernels::launch_strided_copy(sc, stream));

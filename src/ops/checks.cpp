@@ -398,6 +398,30 @@ int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h) {
   return is_fp8_scales_view(scales, m, groups, mp) ? (groups - 1) * mp + m : mp * groups;
 }
 
+int coalesce_dims(const DLTensor& t, int64_t* shape, int64_t* strides, int max_dims) {
+  int n = 0;
+  int64_t dense = 1;  // a compact tensor's strides, innermost first
+  int64_t sh[16], st[16];
+  for (int i = t.ndim - 1; i >= 0; --i) {  // innermost first
+    const int64_t stride = t.strides == nullptr ? dense : t.strides[i];
+    dense *= t.shape[i];
+    if (t.shape[i] == 1) continue;
+    if (n > 0 && stride == st[n - 1] * sh[n - 1]) {
+      sh[n - 1] *= t.shape[i];  // i is the outer neighbour of what is merged so far
+    } else {
+      sh[n] = t.shape[i];
+      st[n] = stride;
+      ++n;
+    }
+  }
+  if (n > max_dims) return -1;
+  for (int k = 0; k < n; ++k) {  // outermost first, as DLPack
+    shape[k] = sh[n - 1 - k];
+    strides[k] = st[n - 1 - k];
+  }
+  return n;
+}
+
 bool is_contiguous(const DLTensor& t) {
   if (t.strides == nullptr || numel(t) == 0) return true;  // no element: any strides (as PyTorch)
   int64_t expect = 1;

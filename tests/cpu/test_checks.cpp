@@ -703,6 +703,57 @@ TEST(AllGatherChecks, CapacityAndAccepts) {
   EXPECT_FALSE(all_gather_accepts(4096, empty.t));
 }
 
+// The element offsets of t in row-major element order (what a strided copy reads).
+std::vector<int64_t> element_offsets(int ndim, const int64_t* shape, const int64_t* strides) {
+  std::vector<int64_t> offs{0};
+  for (int d = 0; d < ndim; ++d) {
+    std::vector<int64_t> next;
+    for (int64_t o : offs) {
+      for (int64_t i = 0; i < shape[d]; ++i) next.push_back(o + i * strides[d]);
+    }
+    offs.swap(next);
+  }
+  return offs;
+}
+// A non-contiguous input of more than 8 dimensions is copied with its dimensions merged (the
+// strided copy takes 8): the same elements in the same order; refused where more than 8 remain.
+TEST(AllGatherChecks, CoalescedDimsKeepTheElementOrder) {
+  // x[..., ::2] of a compact [2, 3, 2, 2, 2, 2, 2, 2, 2, 4] with size-1 dims of odd strides
+  // put between: 10 dims above size 1, merging into one of stride 2, and a second case with
+  // one dim transposed (two runs).
+  const std::vector<int64_t> shape{2, 1, 3, 2, 2, 2, 1, 2, 2, 2, 2, 2};
+  // The innermost 2 at stride 2 (every other element of 4), each outer dim the inner extent.
+  const std::vector<int64_t> fixed{1536, 7, 512, 256, 128, 64, 5, 32, 16, 8, 4, 2};
+  Desc t(addr(0x1000), kBF16, shape);
+  t.with_strides(fixed);
+  int64_t sh[16], st[16];
+  int n = coalesce_dims(t.t, sh, st, 8);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(st[0], 2);
+  EXPECT_EQ(element_offsets(n, sh, st), element_offsets(t.t.ndim, t.t.shape, t.t.strides));
+  std::vector<int64_t> swapped_shape = shape, swapped = fixed;  // dims 3 and 4 transposed
+  std::swap(swapped[3], swapped[4]);
+  Desc u(addr(0x1000), kBF16, swapped_shape);
+  u.with_strides(swapped);
+  n = coalesce_dims(u.t, sh, st, 8);
+  ASSERT_GE(n, 2);
+  ASSERT_LE(n, 8);
+  EXPECT_EQ(element_offsets(n, sh, st), element_offsets(u.t.ndim, u.t.shape, u.t.strides));
+  // Nine dimensions of 2 that no merge joins (every stride 3x the inner extent): refused.
+  std::vector<int64_t> nine(9, 2), gaps(9);
+  int64_t g = 1;
+  for (int i = 8; i >= 0; --i, g *= 6) gaps[i] = g;
+  Desc apart(addr(0x1000), kBF16, nine);
+  apart.with_strides(gaps);
+  EXPECT_EQ(coalesce_dims(apart.t, sh, st, 8), -1);
+  EXPECT_EQ(coalesce_dims(apart.t, sh, st, 9), 9);
+  // Compact (no strides): one dimension.
+  Desc compact(addr(0x1000), kBF16, nine);
+  EXPECT_EQ(coalesce_dims(compact.t, sh, st, 8), 1);
+  EXPECT_EQ(sh[0], 512);
+  EXPECT_EQ(st[0], 1);
+}
+
 // The output may not overlap the input (wrong bits otherwise): in-place (the input being this
 // rank's rows of the output) refused too; adjacent tensors are apart; a strided input's span.
 TEST(AllGatherChecks, OutputApartFromInput) {
