@@ -112,7 +112,10 @@ struct MHCEpilogueArgs {
   // or the MN-major view [M, H / 128] with strides [1, Mp] that DeepGEMM and vLLM take: then its
   // extent, (H / 128 - 1) * Mp + M floats, is written (the padding rows of all but the last
   // column 0) and nothing past it, so vLLM's TMA-aligned scales, whose storage ends there at
-  // M % 4 != 0, are accepted (mhccl/checks.h, fp8_scale_floats). Mp = fp8_group_scale_rows(M).
+  // M % 4 != 0, are accepted (mhccl/checks.h, fp8_scale_floats); the last column's padding rows
+  // are then left as they are (DeepGEMM reads them only for rows >= M): pass the flat buffer to
+  // have them 0 (the Python call does so for a view over storage of Mp * (H / 128) floats).
+  // Mp = fp8_group_scale_rows(M).
   const DLTensor* fp8_values = nullptr;
   const DLTensor* fp8_scales = nullptr;
 };

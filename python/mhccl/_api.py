@@ -296,6 +296,8 @@ def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
     mp, groups = _ops._fp8_scale_rows(m), hidden // _FP8_GROUP
     if not _is_fp8_scales_view(scales, m, groups, mp):
         return scales  # a flat tensor: the C++ check counts its elements
+    if torch.compiler.is_compiling():
+        return scales  # Dynamo cannot trace storage; the op's implementation runs this again
     held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
     if held >= mp * groups:
         return scales.as_strided((mp * groups,), (1,))

@@ -880,8 +880,9 @@ def test_size_helpers_trace_with_a_dynamic_m():
         flat = torch.zeros(mhccl.fp8_group_scale_bytes(m, h) // 4)
         view = mhccl.fp8_group_scales_view(flat, m, h)
         empty = mhccl.empty_fp8_group_scales(m, h, x.device)
+        again = mhccl.fp8_group_scales_view(empty, m, h)  # a view: its storage not traced
         rows = torch.zeros(mhccl.fp8_group_scale_rows(m))
-        return mx, flat, view, empty, rows
+        return mx, flat, view, empty, rows, again
 
     torch._dynamo.reset()
     compiled = torch.compile(sizes, fullgraph=True, backend="aot_eager", dynamic=True)

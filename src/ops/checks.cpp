@@ -165,8 +165,11 @@ int64_t leading_rows(const DLTensor* t, const char* name, const AllReduceMHCConf
 // Whether s is the MN-major view [M, G] with strides [1, Mp] (the stride of a dimension of size
 // 1 does not matter).
 bool is_fp8_scales_view(const DLTensor& s, int64_t m, int64_t groups, int64_t mp) {
-  return s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && s.strides != nullptr &&
-         (m == 1 || s.strides[0] == 1) && (groups == 1 || s.strides[1] == mp);
+  if (s.ndim != 2 || s.shape[0] != m || s.shape[1] != groups) return false;
+  // Null strides are compact ones: [groups, 1] (a compact [M, 1] is the view at G = 1).
+  const int64_t row_stride = s.strides == nullptr ? groups : s.strides[0];
+  const int64_t column_stride = s.strides == nullptr ? 1 : s.strides[1];
+  return (m == 1 || row_stride == 1) && (groups == 1 || column_stride == mp);
 }
 
 // The FP32 scales of the FP8 variant, 16-byte aligned (the layout's columns are): a contiguous
@@ -399,6 +402,7 @@ int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h) {
 }
 
 int coalesce_dims(const DLTensor& t, int64_t* shape, int64_t* strides, int max_dims) {
+  if (t.ndim < 0 || t.ndim > 16) return -1;  // DLTensors of at most 16 dims (check_dims)
   int n = 0;
   int64_t dense = 1;  // a compact tensor's strides, innermost first
   int64_t sh[16], st[16];
@@ -620,16 +624,21 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
   }
   // The bytes the input's elements span, strided or not (accepted: at least one element).
   const int64_t elem = tensor_bytes(in) / numel(in);
-  int64_t lo = 0, hi = numel(in) - 1;  // element offsets from its data
+  __int128 lo = 0, hi = numel(in) - 1;  // element offsets from its data (strides unbounded)
   if (in.strides != nullptr) {
     hi = 0;
     for (int i = 0; i < in.ndim; ++i) {
-      const int64_t reach = (in.shape[i] - 1) * in.strides[i];
+      const __int128 reach = static_cast<__int128>(in.shape[i] - 1) * in.strides[i];
       (reach < 0 ? lo : hi) += reach;
     }
   }
-  const uintptr_t in_first = data_address(in) + static_cast<uintptr_t>(lo * elem);
-  const uintptr_t in_last = data_address(in) + static_cast<uintptr_t>((hi + 1) * elem);
+  const __int128 limit = __int128{1} << 62;
+  if (lo * elem < -limit || (hi + 1) * elem > limit) {
+    invalid("input: expected strides that reach at most 2^62 bytes from its data, got " + describe_shape(in) +
+            " with strides " + strides_str(in));
+  }
+  const uintptr_t in_first = data_address(in) + static_cast<uintptr_t>(static_cast<int64_t>(lo * elem));
+  const uintptr_t in_last = data_address(in) + static_cast<uintptr_t>(static_cast<int64_t>((hi + 1) * elem));
   const uintptr_t out_first = data_address(out), out_last = out_first + static_cast<uintptr_t>(tensor_bytes(out));
   if (in_first < out_last && out_first < in_last) {
     invalid("output: expected a tensor apart from the input, got bytes [" + hex_address(out_first) + ", " +

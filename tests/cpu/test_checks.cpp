@@ -647,6 +647,11 @@ TEST_F(Fp8Checks, ViewWritesItsExtentOnly) {
   Desc one_row(addr(0xF8000), kF32, {1, groups});  // M = 1: the row's stride does not matter
   one_row.with_strides({7, 4});
   EXPECT_EQ(fp8_scale_floats(one_row.t, 1, h), 4 + 1);
+  // G = 1 (H = 128): a compact [M, 1] is the view whether its strides are given or null.
+  Desc column(addr(0xF8000), kF32, {m, 1}), column_strided(addr(0xF8000), kF32, {m, 1});
+  column_strided.with_strides({1, 1});
+  EXPECT_EQ(fp8_scale_floats(column.t, m, 128), m);
+  EXPECT_EQ(fp8_scale_floats(column_strided.t, m, 128), m);
   AllReduceMHCCallArgs a = f.fp8_call();
   a.epilogue.fp8_scales = view.get();
   EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), m);
@@ -747,6 +752,8 @@ TEST(AllGatherChecks, CoalescedDimsKeepTheElementOrder) {
   apart.with_strides(gaps);
   EXPECT_EQ(coalesce_dims(apart.t, sh, st, 8), -1);
   EXPECT_EQ(coalesce_dims(apart.t, sh, st, 9), 9);
+  Desc seventeen(addr(0x1000), kBF16, std::vector<int64_t>(17, 1));
+  EXPECT_EQ(coalesce_dims(seventeen.t, sh, st, 8), -1);  // beyond DLTensors' 16 dims
   // Compact (no strides): one dimension.
   Desc compact(addr(0x1000), kBF16, nine);
   EXPECT_EQ(coalesce_dims(compact.t, sh, st, 8), 1);
@@ -775,6 +782,11 @@ TEST(AllGatherChecks, OutputApartFromInput) {
                ErrorCode::kInvalidArgument, {"output", "overlapping"});
   Desc after_strided(addr(0x20000 + 3 * 32 + 16), kBF16, {16, 8});
   EXPECT_TRUE(check_all_gather_call(4096, 4, 0, strided.t, after_strided.t));  // copied first
+  // Strides whose reach overflows int64 (only a hand-built DLTensor has them): refused.
+  Desc far(addr(0x20000), kBF16, {4, 8});
+  far.with_strides({int64_t{1} << 62, 1});
+  expect_error([&] { check_all_gather_call(4096, 4, 0, far.t, after_strided.t); }, ErrorCode::kInvalidArgument,
+               {"input", "2^62"});
 }
 
 // Found by an adversarial review (session 2): shapes read before their dimensions were checked,
