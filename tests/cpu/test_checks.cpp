@@ -577,60 +577,52 @@ TEST_F(Fp8Checks, ScalesSizeDtypeLayoutAlignment) {
 }
 // At M % 4 == 0 a row-major [M, G] tensor holds exactly Mp * G floats, but its element [r, g]
 // is not scale(r, g) (at g * Mp + r): refused, not taken for the flat buffer.
+// The tensors of an FP8 call of m rows at width h, at fake addresses apart, for the layout tests.
+struct Fp8CallOfM {
+  Desc x, residual, post, comb, pre, norm_weight, residual_out, layer_input, values;
+  Fp8CallOfM(int64_t m, int64_t h, int64_t hc = 4)
+      : x(addr(0x10000), kBF16, {m, h}), residual(addr(0x20000), kBF16, {m, hc, h}),
+        post(addr(0x30000), kF32, {m, hc}), comb(addr(0x40000), kF32, {m, hc, hc}),
+        pre(addr(0x50000), kF32, {m, hc}), norm_weight(addr(0x60000), kBF16, {h}),
+        residual_out(addr(0x70000), kBF16, {m, hc, h}), layer_input(addr(0x80000), kBF16, {m, h}),
+        values(addr(0xF0000), kU8, {m, h}) {}
+  AllReduceMHCCallArgs args(Fp8Fixture& f, const Desc& scales) {
+    AllReduceMHCCallArgs a = f.fp8_call();
+    a.x = x.get();
+    a.epilogue.residual = residual.get();
+    a.epilogue.post = post.get();
+    a.epilogue.comb = comb.get();
+    a.epilogue.pre = pre.get();
+    a.epilogue.norm_weight = norm_weight.get();
+    a.epilogue.residual_out = residual_out.get();
+    a.epilogue.layer_input = layer_input.get();
+    a.epilogue.fp8_values = values.get();
+    a.epilogue.fp8_scales = scales.get();
+    return a;
+  }
+};
 TEST(Fp8ScalesLayout, RowMajorMGRefusedWhereItsCountFits) {
   Fp8Fixture f;
-  const int64_t m = 4, h = 256, hc = 4;
-  Desc x(addr(0x10000), kBF16, {m, h}), residual(addr(0x20000), kBF16, {m, hc, h});
-  Desc post(addr(0x30000), kF32, {m, hc}), comb(addr(0x40000), kF32, {m, hc, hc}), pre(addr(0x50000), kF32, {m, hc});
-  Desc residual_out(addr(0x70000), kBF16, {m, hc, h}), layer_input(addr(0x80000), kBF16, {m, h});
-  Desc values(addr(0xF0000), kU8, {m, h});
-  AllReduceMHCCallArgs a = f.fp8_call();
-  a.x = x.get();
-  a.epilogue.residual = residual.get();
-  a.epilogue.post = post.get();
-  a.epilogue.comb = comb.get();
-  a.epilogue.pre = pre.get();
-  a.epilogue.residual_out = residual_out.get();
-  a.epilogue.layer_input = layer_input.get();
-  a.epilogue.fp8_values = values.get();
+  Fp8CallOfM c(4, 256);
   Desc flat(addr(0xF8000), kF32, {8});
-  a.epilogue.fp8_scales = flat.get();
-  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, flat)), 4);
   Desc g_mp(addr(0xF8000), kF32, {2, 4});  // [G, Mp] row-major: the layout's own storage order
-  a.epilogue.fp8_scales = g_mp.get();
-  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, g_mp)), 4);
   Desc view(addr(0xF8000), kF32, {4, 2});
   view.with_strides({1, 4});
-  a.epilogue.fp8_scales = view.get();
-  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, view)), 4);
   Desc row_major(addr(0xF8000), kF32, {4, 2});
-  a.epilogue.fp8_scales = row_major.get();
-  expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, a); }, ErrorCode::kInvalidArgument,
+  expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, c.args(f, row_major)); }, ErrorCode::kInvalidArgument,
                {"fp8 scales", "MN-major view [4, 2]", "strides [1, 4]", "row-major shape [4, 2]"});
 }
 // At M == G == Mp (M = 40 at H = 5120, or M = 4 at H = 512) [M, G] is also [G, Mp], the
 // layout's storage order: the same shape, taken as [G, Mp], not refused.
 TEST(Fp8ScalesLayout, MEqualToGroupsIsTheStorageShape) {
   Fp8Fixture f;
-  const int64_t m = 4, h = 512, hc = 4;
-  f.cfg.hidden_size = h;
-  Desc x(addr(0x10000), kBF16, {m, h}), residual(addr(0x20000), kBF16, {m, hc, h});
-  Desc post(addr(0x30000), kF32, {m, hc}), comb(addr(0x40000), kF32, {m, hc, hc}), pre(addr(0x50000), kF32, {m, hc});
-  Desc norm_weight(addr(0x60000), kBF16, {h});
-  Desc residual_out(addr(0x70000), kBF16, {m, hc, h}), layer_input(addr(0x80000), kBF16, {m, h});
-  Desc values(addr(0xF0000), kU8, {m, h}), g_mp(addr(0xF8000), kF32, {4, 4});
-  AllReduceMHCCallArgs a = f.fp8_call();
-  a.x = x.get();
-  a.epilogue.residual = residual.get();
-  a.epilogue.post = post.get();
-  a.epilogue.comb = comb.get();
-  a.epilogue.pre = pre.get();
-  a.epilogue.norm_weight = norm_weight.get();
-  a.epilogue.residual_out = residual_out.get();
-  a.epilogue.layer_input = layer_input.get();
-  a.epilogue.fp8_values = values.get();
-  a.epilogue.fp8_scales = g_mp.get();
-  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 4);
+  f.cfg.hidden_size = 512;
+  Fp8CallOfM c(4, 512);
+  Desc g_mp(addr(0xF8000), kF32, {4, 4});
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, g_mp)), 4);
 }
 // vLLM's per_token_group_quant_fp8(column_major_scales=True, tma_aligned_scales=True) allocates
 // empty_strided((M, G), (1, Mp)): at M % 4 != 0 its storage ends at the last column's row M - 1,
