@@ -52,6 +52,15 @@ MHCCL_HD int64_t fp8_group_scale_bytes(int64_t m, int64_t hidden) {
 // Float offset of scale(m_row, g) in the scales of Mp = fp8_group_scale_rows(M) rows a column.
 MHCCL_HD int64_t fp8_group_scale_offset(int64_t m_row, int64_t g, int64_t mp) { return g * mp + m_row; }
 
+// Floats the MN-major view [M, H / 128] with strides [1, Mp] spans from its data: (G - 1) * Mp + M,
+// up to scale(M - 1, G - 1) (the last column's padding rows lie beyond it; vLLM's TMA-aligned
+// scales end there). -1 where fp8_group_scale_bytes is.
+MHCCL_HD int64_t fp8_group_scale_view_floats(int64_t m, int64_t hidden) {
+  if (fp8_group_scale_bytes(m, hidden) < 0) return -1;
+  const int64_t groups = hidden / kFp8GroupElems;
+  return groups == 0 ? 0 : fp8_group_scale_offset(m - 1, groups - 1, fp8_group_scale_rows(m)) + 1;
+}
+
 // a / b in FP32, rounded to nearest even on host and device alike.
 MHCCL_HD float fp8_div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)

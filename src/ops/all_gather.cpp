@@ -67,14 +67,16 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
   Communicator::Impl& c = *im.comm;
   c.check();
   const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
-  // The strided copy takes 8 dimensions: more are merged where they can be (coalesce_dims).
-  int64_t merged_shape[8], merged_strides[8];
-  const int merged = in.ndim > 8 ? coalesce_dims(in, merged_shape, merged_strides, 8) : in.ndim;
-  if (needs_copy && !is_contiguous(in) && merged < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "input: a non-contiguous input is copied with at most 8 dimensions after merging those "
-                "that can be merged (and dropping those of size 1); " + describe_shape(in) +
-                    " keeps more");
+  // A strided input is copied with its dimensions merged (coalesce_dims): the copy takes 8.
+  kernels::StridedCopy sc = {};
+  if (needs_copy && !is_contiguous(in)) {
+    sc.ndim = coalesce_dims(in, sc.shape, sc.strides, 8);
+    if (sc.ndim < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "input: a non-contiguous input is copied with at most 8 dimensions after merging those "
+                  "that can be merged (and dropping those of size 1); " + describe_shape(in) +
+                      " keeps more");
+    }
   }
   detail::DeviceGuard guard(c.device);
   const int64_t bytes = tensor_bytes(in);
@@ -84,14 +86,8 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
       MHCCL_CUDA(cudaMemcpyAsync(im.staging, src, static_cast<size_t>(bytes),
                                  cudaMemcpyDeviceToDevice, stream));
     } else {
-      kernels::StridedCopy sc = {};
       sc.src = src;
       sc.dst = im.staging;
-      sc.ndim = merged;
-      for (int d = 0; d < merged; ++d) {
-        sc.shape[d] = in.ndim > 8 ? merged_shape[d] : in.shape[d];
-        sc.strides[d] = in.ndim > 8 ? merged_strides[d] : in.strides[d];
-      }
       sc.elem_bytes = in.dtype.bits * in.dtype.lanes / 8;
       MHCCL_CUDA(kernels::launch_strided_copy(sc, stream));
     }

@@ -232,18 +232,34 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
   }
 }
 
-// Byte range [first, last) a checked tensor covers: its data and `bytes` from there, by default
-// tensor_bytes (every checked tensor is compact but the FP8 scales' view, whose extent
-// fp8_scale_floats gives). An absent tensor covers nothing.
+// Byte range [first, last) a checked tensor's elements cover, from its data and strides: a
+// compact tensor's tensor_bytes; the FP8 scales' MN-major view its extent (fp8_scale_floats);
+// a strided all-gather input from its lowest to its highest element. Strides that reach beyond
+// 2^62 bytes (only a hand-built DLTensor has them) are refused. An absent tensor, or one without
+// elements or a whole-byte dtype, covers nothing.
 struct Span {
   const char* name;
   uintptr_t first, last;
 };
-Span span_of(const DLTensor* t, const char* name, int64_t bytes = -1) {
+Span span_of(const DLTensor* t, const char* name) {
   if (t == nullptr) return Span{name, 0, 0};
   const uintptr_t a = data_address(*t);
-  const int64_t n = bytes < 0 ? tensor_bytes(*t) : bytes;  // tensor_bytes: -1 for no dtype checked here
-  return Span{name, a, a + static_cast<uintptr_t>(n < 0 ? 0 : n)};
+  const int64_t n = numel(*t), bytes = tensor_bytes(*t);
+  if (n <= 0 || bytes < 0) return Span{name, a, a};
+  if (t->strides == nullptr) return Span{name, a, a + static_cast<uintptr_t>(bytes)};
+  const int64_t elem = bytes / n;
+  __int128 lo = 0, hi = 0;  // element offsets from the data (strides unbounded)
+  for (int i = 0; i < t->ndim; ++i) {
+    const __int128 reach = static_cast<__int128>(t->shape[i] - 1) * t->strides[i];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const __int128 limit = __int128{1} << 62;
+  if (lo * elem < -limit || (hi + 1) * elem > limit) {
+    invalid(std::string(name) + ": expected strides that reach at most 2^62 bytes from its data, got " +
+            describe_shape(*t) + " with strides " + strides_str(*t));
+  }
+  return Span{name, a + static_cast<uintptr_t>(static_cast<int64_t>(lo * elem)),
+              a + static_cast<uintptr_t>(static_cast<int64_t>((hi + 1) * elem))};
 }
 bool overlap(const Span& a, const Span& b) {
   return a.first < a.last && b.first < b.last && a.first < b.last && b.first < a.last;
@@ -365,9 +381,7 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
                                span_of(e.pre, "pre"), span_of(e.norm_weight, "norm_weight")});
   const std::vector<Span> outputs{span_of(e.residual_out, "residual_out"), span_of(e.layer_input, "layer_input"),
                                   span_of(e.mxfp8_values, "mxfp8 values"), span_of(e.mxfp8_scales, "mxfp8 scales"),
-                                  span_of(e.fp8_values, "fp8 values"),
-                                  span_of(e.fp8_scales, "fp8 scales",
-                                          e.fp8_scales == nullptr ? 0 : 4 * fp8_scale_floats(*e.fp8_scales, m, h))};
+                                  span_of(e.fp8_values, "fp8 values"), span_of(e.fp8_scales, "fp8 scales")};
   check_no_overlap(inputs, outputs, residual_index);
 }
 
@@ -398,7 +412,7 @@ std::string describe_shape(const DLTensor& t) {
 
 int64_t fp8_scale_floats(const DLTensor& scales, int64_t m, int64_t h) {
   const int64_t mp = fp8_group_scale_rows(m), groups = h / kFp8GroupElems;
-  return is_fp8_scales_view(scales, m, groups, mp) ? (groups - 1) * mp + m : mp * groups;
+  return is_fp8_scales_view(scales, m, groups, mp) ? fp8_group_scale_view_floats(m, h) : mp * groups;
 }
 
 int coalesce_dims(const DLTensor& t, int64_t* shape, int64_t* strides, int max_dims) {
@@ -622,28 +636,12 @@ bool check_all_gather_call(int64_t cap, int tp, int device, const DLTensor& in,
   if (data_address(out) % 16 != 0) {
     invalid("output: expected a 16-byte aligned data pointer, got " + hex_address(data_address(out)));
   }
-  // The bytes the input's elements span, strided or not (accepted: at least one element).
-  const int64_t elem = tensor_bytes(in) / numel(in);
-  __int128 lo = 0, hi = numel(in) - 1;  // element offsets from its data (strides unbounded)
-  if (in.strides != nullptr) {
-    hi = 0;
-    for (int i = 0; i < in.ndim; ++i) {
-      const __int128 reach = static_cast<__int128>(in.shape[i] - 1) * in.strides[i];
-      (reach < 0 ? lo : hi) += reach;
-    }
-  }
-  const __int128 limit = __int128{1} << 62;
-  if (lo * elem < -limit || (hi + 1) * elem > limit) {
-    invalid("input: expected strides that reach at most 2^62 bytes from its data, got " + describe_shape(in) +
-            " with strides " + strides_str(in));
-  }
-  const uintptr_t in_first = data_address(in) + static_cast<uintptr_t>(static_cast<int64_t>(lo * elem));
-  const uintptr_t in_last = data_address(in) + static_cast<uintptr_t>(static_cast<int64_t>((hi + 1) * elem));
-  const uintptr_t out_first = data_address(out), out_last = out_first + static_cast<uintptr_t>(tensor_bytes(out));
-  if (in_first < out_last && out_first < in_last) {
-    invalid("output: expected a tensor apart from the input, got bytes [" + hex_address(out_first) + ", " +
-            hex_address(out_last) + ") overlapping the input's [" + hex_address(in_first) + ", " +
-            hex_address(in_last) + ") (an in-place all-gather, the input being this rank's rows of the "
+  // The output is written while the input is read (strided: the bytes its elements span).
+  const Span input = span_of(&in, "input"), output = span_of(&out, "output");
+  if (overlap(input, output)) {
+    invalid("output: expected a tensor apart from the input, got bytes [" + hex_address(output.first) + ", " +
+            hex_address(output.last) + ") overlapping the input's [" + hex_address(input.first) + ", " +
+            hex_address(input.last) + ") (an in-place all-gather, the input being this rank's rows of the "
             "output, is not supported: the output is written while the input is read)");
   }
   return !is_contiguous(in) || data_address(in) % 16 != 0;

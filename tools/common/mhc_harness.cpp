@@ -259,9 +259,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
     }
     // kFp8Ue8m0's scales are the MN-major view (launch above): a call writes its extent,
     // (G - 1) * Mp + M floats, and not the last column's padding rows beyond it.
-    const size_t written = v == Variant::kFp8Ue8m0
-                               ? static_cast<size_t>((p.h / kFp8GroupElems - 1) * mp + p.m)
-                               : scales.size();
+    const size_t written =
+        v == Variant::kFp8Ue8m0 ? static_cast<size_t>(fp8_group_scale_view_floats(p.m, p.h)) : scales.size();
     for (size_t i = 0; i < written; ++i) {
       uint32_t g;
       std::memcpy(&g, got.scales.data() + 4 * i, 4);
