@@ -457,11 +457,14 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
           const int64_t g = pack / kFp8GroupPacks, mp = p.fp8_scale_rows;
           p.fp8_scales[fp8_group_scale_offset(row, g, mp)] = s;
           // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every
-          // call, where they lie inside the tensor given (not past the end of an MN-major view).
+          // call, where they lie inside the tensor given (an MN-major view ends at the last
+          // column's row M - 1). Three predicated stores, not a loop: a loop with the bound in it
+          // cost the call 0.05 us at M = 1 and 2 (session 10's A/B).
           if (row == p.m - 1) {
-            for (int64_t r = p.m; r < mp; ++r) {
-              const int64_t o = fp8_group_scale_offset(r, g, mp);
-              if (o < p.fp8_scale_floats) p.fp8_scales[o] = 0.0f;
+            const int64_t end = min(mp, p.fp8_scale_floats - g * mp);  // column g's rows inside it
+#pragma unroll
+            for (int i = 0; i < 3; ++i) {
+              if (p.m + i < end) p.fp8_scales[fp8_group_scale_offset(p.m + i, g, mp)] = 0.0f;
             }
           }
         }
