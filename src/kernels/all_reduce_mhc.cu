@@ -459,7 +459,7 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
           // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every
           // call, where they lie inside the tensor given (an MN-major view ends at the last
           // column's row M - 1). Three predicated stores, not a loop: a loop with the bound in it
-          // cost the call 0.05 us at M = 1 and 2 (session 10's A/B).
+          // cost the call 0.03-0.06 us at M = 1 and 2 (PERFORMANCE.md, session 10).
           if (row == p.m - 1) {
             const int64_t end = min(mp, p.fp8_scale_floats - g * mp);  // column g's rows inside it
 #pragma unroll
