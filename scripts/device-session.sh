@@ -84,6 +84,8 @@ fi
 if [[ " $stages " == *" sanitize "* ]]; then
   # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck, racecheck and
   # synccheck (SAN_TOOLS) at TP=1 and TP=2 (SAN_TPS); filters SAN_FILTER (memcheck) and RS_FILTER.
+  # Each pattern gets tpN appended, so it selects the names that end so: the plain instance
+  # (.../tp1), not .../tp1_fp8 (call compute-sanitizer directly for those: session 10, run 7).
   # API errors are not reported: NCCL's init probes kernels with cudaFuncGetAttributes and gets
   # cudaErrorNoKernelImageForDevice for images it does not carry (handled inside NCCL).
   SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*StreamingConsumerEqualsRowPerCta*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
