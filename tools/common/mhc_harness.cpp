@@ -86,7 +86,7 @@ uint64_t Outputs::hash() const {
   uint64_t h = fnv1a(residual_out.data(), residual_out.size() * 2);
   h = fnv1a(layer_input.data(), layer_input.size() * 2, h);
   h = fnv1a(values.data(), values.size(), h);
-  return fnv1a(scales.data(), scales.size(), h);
+  return fnv1a(scales.data(), scales_written, h);
 }
 
 void upload(const Problem& p, int rank, CallBuffers& b) {
@@ -182,6 +182,8 @@ Outputs download(const Problem& p, Variant v, const CallBuffers& b) {
   if (v == Variant::kMxfp8 || is_fp8(v)) {
     get(o.values, mh, b.values);
     get(o.scales, static_cast<size_t>(scale_bytes(v, p.m, p.h)), b.scales);
+    o.scales_written = v == Variant::kFp8Ue8m0 ? static_cast<size_t>(4 * fp8_group_scale_view_floats(p.m, p.h))
+                                                : o.scales.size();
   }
   return o;
 }
@@ -258,10 +260,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
       }
     }
     // kFp8Ue8m0's scales are the MN-major view (launch above): a call writes its extent,
-    // (G - 1) * Mp + M floats, and not the last column's padding rows beyond it.
-    const size_t written =
-        v == Variant::kFp8Ue8m0 ? static_cast<size_t>(fp8_group_scale_view_floats(p.m, p.h)) : scales.size();
-    for (size_t i = 0; i < written; ++i) {
+    // (G - 1) * Mp + M floats, and not the last column's padding rows beyond it (download).
+    for (size_t i = 0; i < got.scales_written / 4; ++i) {
       uint32_t g;
       std::memcpy(&g, got.scales.data() + 4 * i, 4);
       if (g != float_bits(scales[i])) {

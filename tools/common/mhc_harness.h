@@ -38,10 +38,14 @@ struct CallBuffers {
   size_t output_offset, output_bytes;  // the outputs' span, poisoned before each call
 };
 
+// scales holds the whole scale buffer (FP8: G columns of Mp rows), scales_written its first bytes
+// a call defines: all of it, except kFp8Ue8m0's MN-major view, whose extent ((G - 1) * Mp + M
+// floats) ends before the last column's padding rows; those keep what was there.
 struct Outputs {
   std::vector<uint16_t> residual_out, layer_input;
   std::vector<uint8_t> values, scales;
-  uint64_t hash() const;
+  size_t scales_written = 0;
+  uint64_t hash() const;  // of the bits the call defines (scales: its first scales_written bytes)
 };
 
 // Uploads this rank's inputs of `p` and poisons the outputs.
