@@ -36,12 +36,18 @@ if [[ " $stages " == *" build "* ]]; then
 fi
 if [[ " $stages " == *" tests "* ]]; then
   stamp "cpu tests"
-  "$B/tests/mhccl_cpu_tests" --gtest_brief=1 > "$OUT/cpu.log" 2>&1; echo "cpu tests rc=$?"; tail -2 "$OUT/cpu.log"
+  # GTEST_FILTER selects GPU tests only (gtest reads the variable too: unset for the CPU suite).
+  env -u GTEST_FILTER "$B/tests/mhccl_cpu_tests" --gtest_brief=1 > "$OUT/cpu.log" 2>&1; echo "cpu tests rc=$?"; tail -2 "$OUT/cpu.log"
   stamp "gpu tests (TP=1 and TP=2 as $N ranks)"
   timeout 500 "$B/tools/mhccl-launch" -n $N --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
   echo "gpu tests rc=$?"
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
   grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
+  # mhccl-bench's own checks (the FP8 baseline kernel among them): the A/B stages time with
+  # --no-check, and a check the bench alone makes went unrun for two sessions (DEVICE-RUNS, session 11).
+  stamp "mhccl-bench --check-only"
+  timeout 200 "$B/tools/bench/mhccl-bench" --check-only > "$OUT/bench-check.log" 2>&1
+  echo "bench checks rc=$?"; grep -E "FAIL|failed|error" "$OUT/bench-check.log" | head -20
 fi
 if [[ " $stages " == *" deadpeer "* ]]; then
   stamp "dead peer: rank 1 SIGKILLs itself; rank 0 must report it and exit"
