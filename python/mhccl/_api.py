@@ -214,8 +214,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
             buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g);
             where m == G == Mp the two shapes are the same and it is taken as [G, Mp]), or
-            that view already (returned as it is), over storage of Mp * G floats or at least of
-            its extent (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0).
+            that view already (returned as it is), over storage of at least its extent
+            (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0 end there).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
 
     Returns: ``scales.as_strided((m, G), (1, Mp))``, sharing its storage.
@@ -284,11 +284,13 @@ def _is_fp8_scales_view(t, m, groups, mp) -> bool:
 
 def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
     """The FP8 scales as the C++ call gets them. The MN-major [m, G] view (strides (1, Mp)):
-    the flat buffer of Mp * G floats over its storage where that storage holds them (every
-    padding row is then written 0, as for the flat buffer); else the view itself, over storage
+    the flat buffer of Mp * G floats where the view is the whole of a storage of exactly that
+    size, from its start (``empty_fp8_group_scales``, or [G, Mp] storage of its own): every
+    padding row is then written 0, as for the flat buffer. Else the view itself, over storage
     of at least its extent (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0 end
-    there), and the last column's padding rows, beyond the view, are not written. Anything else
-    goes to the C++ check as it is (which cannot see storage through DLPack)."""
+    there), and the last column's padding rows, beyond the view, are not written: storage
+    beyond the extent may belong to another tensor (a view carved from a workspace). Anything
+    else goes to the C++ check as it is (which cannot see storage through DLPack)."""
     import torch
 
     if scales is None or scales.dtype != torch.float32 or hidden % _FP8_GROUP:
@@ -298,9 +300,10 @@ def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
         return scales  # a flat tensor: the C++ check counts its elements
     if torch.compiler.is_compiling():
         return scales  # Dynamo cannot trace storage; the op's implementation runs this again
-    held = scales.untyped_storage().nbytes() // 4 - scales.storage_offset()
-    if held >= mp * groups:
+    stored = scales.untyped_storage().nbytes() // 4
+    if scales.storage_offset() == 0 and stored == mp * groups:
         return scales.as_strided((mp * groups,), (1,))
+    held = stored - scales.storage_offset()
     extent = (groups - 1) * mp + m
     if held < extent:
         raise ValueError(f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over at "
@@ -455,12 +458,31 @@ def _packed(t, shape=None):
     more elements than it holds is refused by the check, not copied first."""
     import torch
 
-    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+    if t is None:
+        return t
+    lazy = t.is_conj() or t.is_neg()  # torch's lazy conjugate / negation: DLPack carries the memory only
+    if not lazy and t.is_contiguous() and t.data_ptr() % 16 == 0:
         return t
     if shape is not None and (t.dim() != len(shape) or any(
             want is not None and got != want for got, want in zip(t.shape, shape))):
         return t  # the C++ check names the shape it expected
+    if lazy:
+        t = t.resolve_conj().resolve_neg()
+        if t.is_contiguous() and t.data_ptr() % 16 == 0:
+            return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def _written(**outputs):
+    """Refuses an output with torch's lazy conjugate or negative bit (``z.conj()``,
+    ``z.conj().imag``): the kernels write its memory, which such a view reads conjugated or
+    negated. DLPack has no such bit (torch refuses to export it, nanobind then takes the raw
+    memory), so nothing else would notice."""
+    for name, t in outputs.items():
+        if t is not None and (t.is_conj() or t.is_neg()):
+            raise ValueError(f"{name}: expected a tensor without the lazy conjugate or negative bit "
+                             "(the call writes its memory), got a conjugated or negated view: pass "
+                             "a tensor of its own (e.g. torch.empty_like) and conjugate after")
 
 
 def _by_count(t, shape):
@@ -643,6 +665,8 @@ class AllReduceMHC:
                      layer_input, values, scales, fp8_values=None, fp8_scales=None):
         m = self._rows("x", x)
         eps = _eps_arg("norm_eps", eps)
+        _written(residual_out=residual_out, layer_input=layer_input, mxfp8_values=values,
+                 mxfp8_scales=scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
         fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
@@ -655,6 +679,8 @@ class AllReduceMHC:
                          fp8_scales=None):
         m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
         eps = _eps_arg("norm_eps", eps)
+        _written(residual_out=residual_out, layer_input=layer_input, mxfp8_values=values,
+                 mxfp8_scales=scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
         fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
         quantized = _quantized_bytes(values, scales, fp8_values)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
@@ -695,9 +721,15 @@ class AllReduceMHC:
                 (1, Mp) over a buffer of Mp * G floats (``mhccl.empty_fp8_group_scales``; DeepGEMM's
                 layout) or a contiguous tensor of Mp * G floats (``fp8_group_scales_view`` gives
                 the view of it); G = H / 128, Mp = ``fp8_group_scale_rows(M)``, padding rows
-                written 0. Both 16-byte aligned. The view over storage that ends at its last
-                element (vLLM's ``tma_aligned_scales=True`` at M % 4 != 0) is accepted too; the
-                last column's padding rows, beyond that storage, are not written.
+                written 0 where the view is the whole of a storage of exactly Mp * G floats
+                (as ``empty_fp8_group_scales`` allocates). Both 16-byte aligned. Any other view
+                over at least its extent, (G - 1) * Mp + M floats, is accepted too (vLLM's
+                ``tma_aligned_scales=True``, whose storage ends at its last element at M % 4 !=
+                0, or a view into a workspace): the call writes that extent only, and the last
+                column's padding rows, beyond it, keep what they held. Under torch.compile a
+                backend that functionalizes the op without re-inplacing it (``aot_eager``)
+                copies back only the view's M x G elements, so no padding row of the caller's
+                buffer is written; Inductor re-inplaces it.
 
         Inputs of any strides or alignment are accepted (copied first when not contiguous and
         16-byte aligned), and mixes by element count, as the reference module does. Stricter than
@@ -842,6 +874,7 @@ class LamportAllGather:
 
     def _launch(self, inp, out):
         """The C++ call; the torch ops check ``inp``'s size first (``_check_size``)."""
+        _written(out=out)
         self._op.call(_packed(inp), out, _stream(self._device))
 
     def __call__(self, inp):

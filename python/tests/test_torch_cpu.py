@@ -435,11 +435,12 @@ def test_fp8_group_scales_view_errors():
 
 
 def test_fp8_scale_views_as_the_kernels_get_them():
-    """The MN-major view over storage of Mp * G floats goes to the C++ call as the flat buffer over
-    that storage (every padding row written 0); over storage that ends at its last element
-    (vLLM's per_token_group_quant_fp8 with tma_aligned_scales=True allocates
-    empty_strided((M, G), (1, Mp))) as the view itself, whose extent (G - 1) * Mp + M is all
-    the C++ call writes; anything else as it is, for the C++ check."""
+    """The MN-major view that is the whole of a storage of exactly Mp * G floats goes to the C++
+    call as the flat buffer over that storage (every padding row written 0); any other view as
+    the view itself, whose extent (G - 1) * Mp + M is all the C++ call writes: over storage that
+    ends at its last element (vLLM's per_token_group_quant_fp8 with tma_aligned_scales=True
+    allocates empty_strided((M, G), (1, Mp))), or into a bigger buffer, whose floats past the
+    extent may be another tensor's; anything else as it is, for the C++ check."""
     m, g = 5, H // 128
     vllm = torch.empty_strided((m, g), (1, 8), dtype=torch.float32)
     assert vllm.untyped_storage().nbytes() // 4 == (g - 1) * 8 + m
@@ -449,11 +450,18 @@ def test_fp8_scale_views_as_the_kernels_get_them():
     assert flat.shape == (8 * g,) and flat.data_ptr() == full.data_ptr()
     other = torch.zeros(8 * g)
     assert _api._fp8_scales_for_kernel(other, m, H) is other  # flat: the C++ check counts it
-    # A view into a bigger buffer, at an offset: the buffer holds the padding, flat from there.
+    own = torch.zeros(g, 8).t()[:m]  # [G, Mp] storage of its own
+    flat = _api._fp8_scales_for_kernel(own, m, H)
+    assert flat.shape == (8 * g,) and flat.data_ptr() == own.data_ptr()
+    # Views into a bigger buffer (a workspace), at an offset or from its start: the floats past
+    # the extent may be the next tensor's, so the C++ call gets the view and writes its extent.
     big = torch.zeros(1000)
-    view = big.as_strided((m, g), (1, 8), 100)
-    flat = _api._fp8_scales_for_kernel(view, m, H)
-    assert flat.shape == (8 * g,) and flat.storage_offset() == 100
+    for offset in (0, 100):
+        view = big.as_strided((m, g), (1, 8), offset)
+        assert _api._fp8_scales_for_kernel(view, m, H) is view
+    # Exactly Mp * G floats of storage, but not from its start: the view, too.
+    shifted = torch.zeros(8 * g).as_strided((m, g), (1, 8), 1)
+    assert _api._fp8_scales_for_kernel(shifted, m, H) is shifted
 
 
 def test_fp8_scales_column_major_without_padding_named_as_such():
@@ -518,6 +526,57 @@ def test_fp8_out_reaches_the_cpp_call(recording_op, finalize, flat):
         assert fp8_scales.shape == (mhccl.fp8_group_scale_bytes(m, H) // 4,)
         assert fp8_scales.data_ptr() == scales.data_ptr()
     assert args[-7] is li and args[-8] is res
+
+
+@pytest.mark.parametrize("form", ["empty_fp8_group_scales", "workspace"])
+def test_fp8_scales_under_inductor_reach_the_cpp_call(recording_op, form):
+    """Compiled with Inductor (fullgraph), the out-op is re-inplaced: the C++ call gets the
+    caller's buffer, as the flat buffer of Mp * G floats for empty_fp8_group_scales's view (so
+    the kernels write its padding rows), as the view for a view into a workspace (its extent
+    only; the floats past it are the workspace's)."""
+    op, rec = recording_op
+    m, g = 3, H // 128
+    lead, t = _call_inputs(m, "cpu", False, "fp8")
+    values = torch.zeros(m, H, dtype=torch.float8_e4m3fn)
+    if form == "workspace":
+        workspace = torch.zeros(1000)
+        scales = workspace.as_strided((m, g), (1, 4), 16)
+    else:
+        scales = mhccl.empty_fp8_group_scales(m, H, "cpu")
+
+    def step(x, residual, post, comb, pre, w, values, scales):
+        return op(x, residual, post, comb, pre, w, 1e-6, fp8_out=(values, scales))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="inductor")
+    compiled(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], values, scales)
+    (_, args), = rec.calls
+    got = args[-3]
+    assert got.data_ptr() == scales.data_ptr()
+    if form == "workspace":
+        assert (tuple(got.shape), got.stride()) == ((m, g), (1, 4))
+    else:
+        assert tuple(got.shape) == (4 * g,)
+
+
+def test_lazy_conjugate_and_negative_views():
+    """torch's lazy conjugate / negative bit does not travel through DLPack (nanobind takes the
+    raw memory): an input is resolved (a copy) before the C++ call reads it, an output refused
+    before anything runs."""
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    packed = _api._packed(z.conj())
+    assert not packed.is_conj() and torch.equal(packed, z.conj())
+    neg = torch._neg_view(torch.randn(4, 8))
+    assert neg.is_neg() and neg.is_contiguous()
+    packed = _api._packed(neg)
+    assert not packed.is_neg() and torch.equal(packed, neg)
+    plain = torch.randn(4, 8)
+    assert _api._packed(plain) is plain
+    with pytest.raises(ValueError, match=r"^out: expected a tensor without the lazy conjugate"):
+        _api._written(out=z.conj())
+    with pytest.raises(ValueError, match=r"^layer_input: expected a tensor without the lazy"):
+        _api._written(residual_out=None, layer_input=torch._neg_view(torch.zeros(2, 2)))
+    _api._written(out=z, layer_input=None)
 
 
 @pytest.mark.parametrize("finalize", [False, True])

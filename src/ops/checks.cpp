@@ -388,20 +388,28 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
 }  // namespace
 
 std::string describe_dtype(const DLDataType& t) {
-  std::string base;
+  // DLPack 1.1's codes: the 8-, 6- and 4-bit float formats, bool and complex by their names
+  // (torch's, less the prefix), the rest as code<N>_<bits>.
+  static const char* const kNarrowFloats[] = {"float8_e3m4",   "float8_e4m3",  "float8_e4m3b11fnuz",
+                                              "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                              "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn",
+                                              "float6_e3m2fn", "float4_e2m1fn"};  // codes 7 to 17
+  std::string s;
   switch (t.code) {
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLFloat8E4M3FN: base = "float8_e4m3fn"; break;
-    case kDLFloat8E8M0FNU: base = "float8_e8m0fnu"; break;
-    default: base = "code" + std::to_string(t.code) + "_"; break;
+    case kDLInt: s = "int" + std::to_string(t.bits); break;
+    case kDLUInt: s = "uint" + std::to_string(t.bits); break;
+    case kDLFloat: s = "float" + std::to_string(t.bits); break;
+    case kDLBfloat: s = "bfloat" + std::to_string(t.bits); break;
+    case kDLComplex: s = "complex" + std::to_string(t.bits); break;
+    case 6: s = t.bits == 8 ? "bool" : "bool(bits " + std::to_string(t.bits) + ")"; break;  // kDLBool
+    default:
+      if (t.code >= 7 && t.code <= 17) {
+        s = kNarrowFloats[t.code - 7];
+        if (t.bits != (t.code <= 14 ? 8 : t.code <= 16 ? 6 : 4)) s += "(bits " + std::to_string(t.bits) + ")";
+      } else {
+        s = "code" + std::to_string(t.code) + "_" + std::to_string(t.bits);
+      }
   }
-  if (t.code == kDLFloat8E4M3FN || t.code == kDLFloat8E8M0FNU) {
-    return t.bits == 8 && t.lanes == 1 ? base : base + "(bits " + std::to_string(t.bits) + ")";
-  }
-  std::string s = base + std::to_string(t.bits);
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
   return s;
 }

@@ -265,7 +265,7 @@ TEST_F(Checks, Mxfp8OtherFp8FormatsRejected) {
   // DLPack 1.1 codes: e5m2 = 12 and e4m3fnuz = 11 are not E4M3FN; e8m0fnu = 14 is the scale type.
   Desc e5m2(addr(0x90000), DLDataType{12, 8, 1}, {5, 64});
   call_error([&](auto& a) { a.epilogue.mxfp8_values = e5m2.get(); }, ErrorCode::kInvalidArgument,
-             {"mxfp8 values", "float8_e4m3fn", "code12_8"});
+             {"mxfp8 values", "float8_e4m3fn", "got float8_e5m2"});
   Desc scales_e4m3(addr(0xA0000), DLDataType{10, 8, 1}, {mxfp8_scale_bytes(5, 64)});
   call_error([&](auto& a) { a.epilogue.mxfp8_scales = scales_e4m3.get(); }, ErrorCode::kInvalidArgument,
              {"mxfp8 scales", "float8_e8m0fnu"});
@@ -275,6 +275,20 @@ TEST_F(Checks, Mxfp8OtherFp8FormatsRejected) {
   a.epilogue.mxfp8_values = values_e4m3.get();
   a.epilogue.mxfp8_scales = scales_e8m0.get();
   EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);  // torch's natural MXFP8 dtypes pass
+}
+TEST(DtypeNames, EveryDlpackCodeByName) {
+  // What torch exports (bool 6, complex 5, the 8-bit floats 10-14) named as torch names them, so
+  // that a refusal says which dtype was given; an unknown code by number.
+  EXPECT_EQ(describe_dtype(DLDataType{6, 8, 1}), "bool");
+  EXPECT_EQ(describe_dtype(DLDataType{kDLComplex, 64, 1}), "complex64");
+  EXPECT_EQ(describe_dtype(DLDataType{kDLBfloat, 16, 1}), "bfloat16");
+  EXPECT_EQ(describe_dtype(DLDataType{kDLFloat, 32, 4}), "float32x4");
+  EXPECT_EQ(describe_dtype(DLDataType{12, 8, 1}), "float8_e5m2");
+  EXPECT_EQ(describe_dtype(DLDataType{11, 8, 1}), "float8_e4m3fnuz");
+  EXPECT_EQ(describe_dtype(DLDataType{14, 8, 1}), "float8_e8m0fnu");
+  EXPECT_EQ(describe_dtype(DLDataType{17, 4, 1}), "float4_e2m1fn");
+  EXPECT_EQ(describe_dtype(DLDataType{10, 16, 1}), "float8_e4m3fn(bits 16)");
+  EXPECT_EQ(describe_dtype(DLDataType{99, 8, 1}), "code99_8");
 }
 TEST_F(Checks, NegativeAndOverflowingDimensions) {
   Desc neg(addr(0xA0000), kU8, {-1, -512});  // numel 512, but not a tensor
