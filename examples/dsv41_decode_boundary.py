@@ -94,6 +94,10 @@ def main():
         print(f"  mhccl.AllReduceMHC, eager:                {fused_us:8.1f} us")
         print(f"  mhccl.AllReduceMHC, CUDA graph:           {graph_us:8.1f} us")
     dist.destroy_process_group()
+    if not (same and close):  # a disagreement is an error, not a line to read past
+        print(f"dsv41_decode_boundary.py: rank {rank}: mhccl and the unfused path disagree "
+              f"(streams {same}, layer input {close})", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

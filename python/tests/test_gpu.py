@@ -2,6 +2,7 @@
 every op and variant, TP=1 in this process and TP=2 in two spawned processes; PyTorch CUDA-graph
 capture; a non-default stream; identical results on every rank. Skipped without PyTorch or GPUs."""
 
+import hashlib
 import math
 import os
 import tempfile
@@ -142,8 +143,18 @@ def every_variant(tp, rank, device):
                     check(inp, ranks, res_out, li, 1e-6, mx)
                 except AssertionError as e:
                     raise AssertionError(f"TP={tp} {'finalize' if finalize else 'call'} {variant} M={m}: {e}") from None
-                hashes.append(float(res_out.double().sum().item()))
+                hashes.append(_digest(res_out, li, *(mx or ())))
     return op, hashes
+
+
+def _digest(*outputs):
+    """The first 8 bytes of the SHA-256 of every output's bits, as an int64: ranks compare
+    bits (SPEC: identical on every rank), not a sum that two differing results could share."""
+    h = hashlib.sha256()
+    for t in outputs:
+        if t is not None:
+            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return int.from_bytes(h.digest()[:8], "little", signed=True)
 
 
 def graph_and_stream(op, tp, rank, device):
@@ -203,7 +214,7 @@ def _tp2_worker(rank, init_file, result_file):
     op, hashes = every_variant(2, rank, device)
     graph_and_stream(op, 2, rank, device)
     all_gather(2, rank, device)
-    mine = torch.tensor(hashes, dtype=torch.float64, device=device)
+    mine = torch.tensor(hashes, dtype=torch.int64, device=device)
     both = [torch.empty_like(mine) for _ in range(2)]
     dist.all_gather(both, mine)
     assert torch.equal(both[0], both[1]), "ranks differ"

@@ -110,8 +110,10 @@ def test_compiled_fullgraph_gives_eager_bits(op, finalize, variant, form):
         eager = run_case(step, op, finalize, variant, form, m, seed)
         got = run_case(compiled, op, finalize, variant, form, m, seed)
         assert_same(got, eager, f"M={m}")
-        if form == "given":  # the caller's buffers hold the results
-            assert not bool((got[0] == 7.0).all())
+        if form == "given":  # the caller's buffers hold the results: hardly any poison left
+            for i, out in enumerate(got[:2]):
+                if out is not None:
+                    assert float((out == 7.0).float().mean()) < 0.01, f"M={m}: output {i} not written"
 
 
 @pytest.mark.parametrize("finalize,variant,form", [(False, "plain", "new"), (True, "mxfp8", "given"),

@@ -569,7 +569,7 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
       {"x missing", false, [&](auto& a, auto&, auto&) { a.x = nullptr; }},
       {"M zero", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {0, 5120}); }},
       {"M above capacity", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x, kBF16, {65, 5120}); }},
-      {"x non-contiguous", false, [&](auto& a, auto&, auto& k) { D(k, b.x, kBF16, {8, 2560}); k.back().with_strides({5120, 1}); a.x = k.back().get(); }},
+      {"x non-contiguous", false, [&](auto& a, auto&, auto& k) { D(k, b.x, kBF16, {8, 5120}); k.back().with_strides({10240, 1}); a.x = k.back().get(); }},  // the right shape: refused for its strides
       {"x misaligned", false, [&](auto& a, auto&, auto& k) { a.x = D(k, b.x + 8, kBF16, {8, 5120}); }},
       {"x without shape", false, [&](auto& a, auto&, auto& k) { D(k, b.x, kBF16, {8, 5120}); k.back().t.shape = nullptr; a.x = k.back().get(); }},
       {"residual_out byte offset", false, [&](auto& a, auto&, auto& k) { D(k, b.res_out, kBF16, {8, 4, 5120}); k.back().t.byte_offset = 2; a.epilogue.residual_out = k.back().get(); }},

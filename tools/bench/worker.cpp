@@ -224,16 +224,21 @@ void check_all_reduce(Ctx& c) {
       }
     }
     if (c.tp > 1) {  // every protocol, identical bits
+      // NCCL's all-reduce sums BF16 in its own order, rounding each partial sum: its bits are
+      // the Lamport protocols' (and the reference's) at TP=2 only (SPEC.md), so from TP=4 it is
+      // left out of this check, as the GPU tests leave it.
+      const bool with_nccl = c.tp == 2;
       const Problem p = testing::make_problem(seed++, 64, kH, kHc, c.tp, fin, kTopK);
       uint64_t h[3] = {0, 1, 2};
-      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, c.tp == 1 ? Protocol::kAuto : Protocol::kNccl};
+      const Protocol protos[3] = {Protocol::kOneShot, Protocol::kTwoShot, Protocol::kNccl};
       std::string err;
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < (with_nccl ? 3 : 2); ++i) {
         const std::string e = one(p, Variant::kMxfp8, protos[i], &h[i]);
         if (!e.empty() && err.empty()) err = std::string(protocol_name(protos[i])) + ": " + e;
       }
-      if (err.empty() && (h[0] != h[1] || h[0] != h[2])) err = "protocols give different bits";
-      c.verdict(op_name, "tp=" + std::to_string(c.tp) + " mxfp8 M=64 one-shot = two-shot = nccl", err);
+      if (err.empty() && (h[0] != h[1] || (with_nccl && h[0] != h[2]))) err = "protocols give different bits";
+      c.verdict(op_name, "tp=" + std::to_string(c.tp) + " mxfp8 M=64 one-shot = two-shot" + (with_nccl ? " = nccl" : ""),
+                err);
     }
   }
   // The large-M path the timing below takes by default: the streaming call (TP > 1: one grid
