@@ -443,13 +443,6 @@ def _bytes_view(t, name, fp8):
     return t.view(torch.uint8)
 
 
-def _quantized_bytes(values, scales, fp8_values):
-    """The 8-bit outputs of a call as the C++ API takes them (``_bytes_view``)."""
-    return (_bytes_view(values, "mxfp8 values", "float8_e4m3fn"),
-            _bytes_view(scales, "mxfp8 scales", "float8_e8m0fnu"),
-            _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
-
-
 def _packed(t, shape=None):
     """An input as the kernels read it: contiguous and 16-byte aligned, else a copy (the
     reference module's ``.flatten()`` copies a non-contiguous tensor the same way). ``shape``:
@@ -661,14 +654,25 @@ class AllReduceMHC:
                 _packed(_by_count(comb, (m, hc, hc)), (m, hc, hc)),
                 _packed(_by_count(pre, (m, hc)), (m, hc)), _packed(norm_weight, (h,)))
 
+    def _kernel_outputs(self, m, residual_out, layer_input, values, scales, fp8_values, fp8_scales):
+        """The outputs as the C++ call takes them (run where the kernels are launched): none with
+        a lazy conjugate/negative bit (``_written``), the 8-bit ones as bytes (``_bytes_view``),
+        and the FP8 scales as ``_fp8_scales_for_kernel`` gives them. Returns (the mxfp8 values,
+        the mxfp8 scales and the fp8 values, as bytes; fp8_scales)."""
+        _written(residual_out=residual_out, layer_input=layer_input, mxfp8_values=values,
+                 mxfp8_scales=scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
+        fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
+        quantized = (_bytes_view(values, "mxfp8 values", "float8_e4m3fn"),
+                     _bytes_view(scales, "mxfp8 scales", "float8_e8m0fnu"),
+                     _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
+        return quantized, fp8_scales
+
     def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
                      layer_input, values, scales, fp8_values=None, fp8_scales=None):
         m = self._rows("x", x)
         eps = _eps_arg("norm_eps", eps)
-        _written(residual_out=residual_out, layer_input=layer_input, mxfp8_values=values,
-                 mxfp8_scales=scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
-        fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
-        quantized = _quantized_bytes(values, scales, fp8_values)
+        quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
+                                                     fp8_values, fp8_scales)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
                       *quantized, fp8_scales, _stream(self._device), protocol)
@@ -679,10 +683,8 @@ class AllReduceMHC:
                          fp8_scales=None):
         m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
         eps = _eps_arg("norm_eps", eps)
-        _written(residual_out=residual_out, layer_input=layer_input, mxfp8_values=values,
-                 mxfp8_scales=scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
-        fp8_scales = _fp8_scales_for_kernel(fp8_scales, m, self.hidden_size)
-        quantized = _quantized_bytes(values, scales, fp8_values)
+        quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
+                                                     fp8_values, fp8_scales)
         ins = self._packed_epilogue(m, residual, post, comb, pre, norm_weight)
         self._op.finalize(_packed(gemm2_permuted, (None, h)),
                           _packed(_by_count(expert_weights, (m, k)), (m, k)),

@@ -16,10 +16,11 @@ namespace {
 [[noreturn]] void invalid(const std::string& msg) { throw Error(ErrorCode::kInvalidArgument, msg); }
 [[noreturn]] void unsupported(const std::string& msg) { throw Error(ErrorCode::kUnsupported, msg); }
 
-// DLPack >= 1.1 type codes of the 8-bit float formats MXFP8 uses (the DLPack 0.6 header lacks
-// them; the values are DLPack's).
+// DLPack >= 1.1 type codes of the 8-bit float formats MXFP8 uses, and of bool (for messages;
+// the DLPack 0.6 header lacks them; the values are DLPack's).
 constexpr uint8_t kDLFloat8E4M3FN = 10;
 constexpr uint8_t kDLFloat8E8M0FNU = 14;
+constexpr uint8_t kDLBool = 6;
 
 enum class Kind { kBF16, kF32, kI32, kE4M3Bytes, kUE8M0Bytes };
 
@@ -388,27 +389,32 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
 }  // namespace
 
 std::string describe_dtype(const DLDataType& t) {
-  // DLPack 1.1's codes: the 8-, 6- and 4-bit float formats, bool and complex by their names
-  // (torch's, less the prefix), the rest as code<N>_<bits>.
-  static const char* const kNarrowFloats[] = {"float8_e3m4",   "float8_e4m3",  "float8_e4m3b11fnuz",
-                                              "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-                                              "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn",
-                                              "float6_e3m2fn", "float4_e2m1fn"};  // codes 7 to 17
+  // DLPack 1.1's narrow float formats, codes 7 to 17, by torch's names and their widths.
+  struct Narrow {
+    const char* name;
+    int bits;
+  };
+  static constexpr Narrow kNarrowFloats[] = {
+      {"float8_e3m4", 8},   {"float8_e4m3", 8},     {"float8_e4m3b11fnuz", 8}, {"float8_e4m3fn", 8},
+      {"float8_e4m3fnuz", 8}, {"float8_e5m2", 8},   {"float8_e5m2fnuz", 8},    {"float8_e8m0fnu", 8},
+      {"float6_e2m3fn", 6}, {"float6_e3m2fn", 6},   {"float4_e2m1fn", 4}};
+  constexpr int kFirstNarrow = 7, kNarrowCount = sizeof kNarrowFloats / sizeof kNarrowFloats[0];
+  const std::string bits = std::to_string(t.bits);
   std::string s;
-  switch (t.code) {
-    case kDLInt: s = "int" + std::to_string(t.bits); break;
-    case kDLUInt: s = "uint" + std::to_string(t.bits); break;
-    case kDLFloat: s = "float" + std::to_string(t.bits); break;
-    case kDLBfloat: s = "bfloat" + std::to_string(t.bits); break;
-    case kDLComplex: s = "complex" + std::to_string(t.bits); break;
-    case 6: s = t.bits == 8 ? "bool" : "bool(bits " + std::to_string(t.bits) + ")"; break;  // kDLBool
-    default:
-      if (t.code >= 7 && t.code <= 17) {
-        s = kNarrowFloats[t.code - 7];
-        if (t.bits != (t.code <= 14 ? 8 : t.code <= 16 ? 6 : 4)) s += "(bits " + std::to_string(t.bits) + ")";
-      } else {
-        s = "code" + std::to_string(t.code) + "_" + std::to_string(t.bits);
-      }
+  if (t.code >= kFirstNarrow && t.code < kFirstNarrow + kNarrowCount) {
+    const Narrow& f = kNarrowFloats[t.code - kFirstNarrow];
+    s = f.bits == t.bits ? f.name : std::string(f.name) + "(bits " + bits + ")";
+  } else if (t.code == kDLBool) {
+    s = t.bits == 8 ? "bool" : "bool(bits " + bits + ")";
+  } else {
+    switch (t.code) {
+      case kDLInt: s = "int" + bits; break;
+      case kDLUInt: s = "uint" + bits; break;
+      case kDLFloat: s = "float" + bits; break;
+      case kDLBfloat: s = "bfloat" + bits; break;
+      case kDLComplex: s = "complex" + bits; break;
+      default: s = "code" + std::to_string(t.code) + "_" + bits; break;
+    }
   }
   if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
   return s;

@@ -154,8 +154,7 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
   cp.fp8_scale_rows = fp8_group_scale_rows(m);
   // As the harness's launch passes them: kFp8Ue8m0's scales the MN-major view (its extent
   // written), kFp8's the [G, Mp] buffer (every padding row).
-  cp.fp8_scale_floats = v == Variant::kFp8Ue8m0 ? fp8_group_scale_view_floats(m, np * 8)
-                                                : fp8_group_scale_bytes(m, np * 8) / 4;
+  cp.fp8_scale_floats = testing::is_fp8(v) ? testing::scale_bytes_written(v, m, np * 8) / 4 : 0;
   cp.fp8_ue8m0 = v == Variant::kFp8Ue8m0;
   cp.m = m;
   cp.np = np;

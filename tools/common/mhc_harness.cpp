@@ -51,6 +51,10 @@ int64_t scale_bytes(Variant v, int64_t m, int64_t h) {
 }
 }  // namespace
 
+int64_t scale_bytes_written(Variant v, int64_t m, int64_t h) {
+  return v == Variant::kFp8Ue8m0 ? 4 * fp8_group_scale_view_floats(m, h) : scale_bytes(v, m, h);
+}
+
 CallBuffers::CallBuffers(int64_t rows_, int64_t h_, int hc_, int top_k_)
     : rows(rows_), h(h_), hc(hc_), top_k(top_k_) {
   size_t off = 0;
@@ -182,8 +186,7 @@ Outputs download(const Problem& p, Variant v, const CallBuffers& b) {
   if (v == Variant::kMxfp8 || is_fp8(v)) {
     get(o.values, mh, b.values);
     get(o.scales, static_cast<size_t>(scale_bytes(v, p.m, p.h)), b.scales);
-    o.scales_written = v == Variant::kFp8Ue8m0 ? static_cast<size_t>(4 * fp8_group_scale_view_floats(p.m, p.h))
-                                                : o.scales.size();
+    o.scales_written = static_cast<size_t>(scale_bytes_written(v, p.m, p.h));
   }
   return o;
 }

@@ -17,6 +17,11 @@ namespace mhccl::testing {
 enum class Variant { kPlain, kMxfp8, kResidualOnly, kFp8, kFp8Ue8m0 };
 const char* variant_name(Variant v);
 bool is_fp8(Variant v);
+// Bytes of the scales a call of variant v for M rows of width H writes, the scales as launch()
+// passes them: MXFP8's buffer; kFp8's [G, Mp] buffer, padding rows included; kFp8Ue8m0's
+// MN-major view's extent, (G - 1) * Mp + M floats, without the last column's padding rows.
+// 0 for the variants without scales.
+int64_t scale_bytes_written(Variant v, int64_t m, int64_t h);
 
 // Which quantized variant an op is built for (at most one per op): the config's options, and the
 // variant whose outputs its calls take.
