@@ -68,6 +68,17 @@ class Communicator {
   void check_errors();
   bool usable() const;
 
+  // Calls of this communicator's ops rejected on this rank so far. Every rank's contribution to
+  // a call carries this count (with the op, protocol, variant, M and generation: the call's
+  // identity), and every consumer checks its peers' against its own, so a call rejected on some
+  // ranks but not on others surfaces as Error(kDivergence) on every rank at the next call instead
+  // of pairing the ranks' calls wrongly for good (a call rejected alike on every rank leaves the
+  // counts equal and the ops usable). The ops count their own rejections; a binding that rejects
+  // a call before it reaches an op (its own argument checks, an allocation that failed) calls
+  // note_rejected_call() so that its rejections count too.
+  void note_rejected_call();
+  uint32_t rejected_calls() const;
+
   // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`. At
   // TP=1: plain device memory (no peer). Throws Error(kUnsupported) where peers are unreachable.
   std::unique_ptr<SymmetricBuffer> alloc_symmetric(size_t bytes, uint32_t fill);

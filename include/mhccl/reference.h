@@ -59,8 +59,8 @@ void mxfp8_quantize(const uint16_t* in, int64_t m, int64_t h, uint8_t* values, u
 // s = fp8_group_scale(amax, ue8m0), values fp8_group_encode(x, s). h a multiple of 128.
 void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, uint8_t* values, float* scales);
 
-// Every rank's bytes concatenated in rank order, each 32-bit word equal to 0x80000000 turned
-// into 0 (the Lamport sentinel). bytes % 4 == 0.
+// Every rank's bytes concatenated in rank order, every byte as sent (words equal to the Lamport
+// sentinel 0x80000000 included: SPEC.md, changed 2026-12-01).
 void all_gather(const std::vector<const uint8_t*>& rank_inputs, int64_t bytes, uint8_t* out);
 
 // |got - want| in units of the BF16 ulp at `want` (subnormal ulp 2^-133 near 0); NaN vs NaN is 0,

@@ -1,5 +1,6 @@
 // Communicator: NCCL bootstrap, symmetric windows and the kernels' error record.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -32,6 +33,69 @@ const char* op_label(uint32_t op) {
   }
   return "?";
 }
+
+const char* variant_label(uint32_t v) {
+  switch (v) {
+    case 0: return "plain";
+    case 1: return "mxfp8";
+    case 2: return "residual-only";
+    case 3: return "fp8";
+  }
+  return "?";
+}
+
+// A call identity (kernels/params.h, CallIdentity) in words, for divergence messages.
+std::string identity_text(const kernels::CallIdentity& id) {
+  if ((id.w[3] >> 16) != kernels::kIdentityMagic) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "not a call header (0x%08x 0x%08x 0x%08x 0x%08x)", id.w[0], id.w[1], id.w[2], id.w[3]);
+    return buf;
+  }
+  const uint32_t op = kernels::identity_op(id);
+  std::string t = op_label(op);
+  t += std::string(" ") + protocol_label(kernels::identity_protocol(id));
+  if (op == kernels::kOpAllGather) {
+    t += ", " + std::to_string(kernels::identity_size(id) * 16) + " bytes a rank";
+  } else {
+    t += std::string(" ") + variant_label(kernels::identity_variant(id)) + ", M=" + std::to_string(kernels::identity_size(id));
+  }
+  t += ", generation " + std::to_string(kernels::identity_generation(id)) + ", after " +
+       std::to_string(kernels::identity_rejected(id)) + " rejected calls";
+  return t;
+}
+
+}  // namespace
+
+namespace comm {
+std::string divergence_message(int rank, int peer, const std::string& where, const kernels::CallIdentity& mine,
+                               const kernels::CallIdentity& theirs) {
+  std::string why;
+  if ((theirs.w[3] >> 16) != kernels::kIdentityMagic) {
+    why = "the slot held no call header of this protocol (a protocol bug, or memory written by something else)";
+  } else if (kernels::identity_rejected(mine) != kernels::identity_rejected(theirs)) {
+    why = "a call was rejected on one of these ranks but not on the other (a check that saw a per-rank difference, "
+          "an allocation that failed on one rank, an exception the caller caught and went past), so their calls "
+          "no longer pair";
+  } else if (kernels::identity_op(mine) != kernels::identity_op(theirs)) {
+    why = "the ranks made different calls at the same point (call on one, finalize on the other)";
+  } else if (kernels::identity_size(mine) != kernels::identity_size(theirs)) {
+    why = kernels::identity_op(mine) == kernels::kOpAllGather ? "the ranks gathered different sizes at the same call"
+                                                               : "the ranks called with different M at the same call";
+  } else if (kernels::identity_variant(mine) != kernels::identity_variant(theirs)) {
+    why = "the ranks asked for different outputs (variants) at the same call";
+  } else {
+    why = "the ranks' calls no longer pair";
+  }
+  return where + " on rank " + std::to_string(rank) + ": rank " + std::to_string(peer) +
+         "'s contribution carries another call's identity: this rank: " + identity_text(mine) + "; rank " +
+         std::to_string(peer) + ": " + identity_text(theirs) + ". " + why +
+         ". The ranks of a group must make the same sequence of calls. No rank stores into a mailbox after this "
+         "(every rank of the group was told to stop); the communicator is unusable: destroy it and its ops and "
+         "build them again";
+}
+}  // namespace comm
+
+namespace {
 
 // The NCCL loaded at run time (the system's, or PyTorch's nvidia-nccl-cu13 wheel beside the
 // Python package) may differ from the headers mhccl was built with: comm/nccl_version.h says
@@ -78,14 +142,26 @@ void init_common(Communicator::Impl& im) {
   MHCCL_CUDA(cudaDeviceSynchronize());
 }
 
-// The message of a fault record (kPeerFault) or of a fault word read by check_errors().
-std::string fault_message(int rank, const std::string& where, int timed_out, int waited_for, uint64_t timeout_ms) {
-  return where + " on rank " + std::to_string(rank) + ": rank " + std::to_string(timed_out) +
-         " waited for rank " + std::to_string(waited_for) + " longer than " + std::to_string(timeout_ms) +
-         " ms and stopped the group (no rank stores into a mailbox after a fault, so this rank's calls from then on "
-         "did not complete); rank " + std::to_string(waited_for) +
-         " died, hung, or issued a different sequence of calls. The communicator is unusable: destroy it and its "
-         "ops and build them again";
+// The message of a fault another rank raised (a kPeerFault record, or the fault word read by
+// check_errors() and at construction): the rank that raised it, the peer it gave up on, and why.
+std::string fault_message(int rank, const std::string& where, uint32_t word, uint64_t timeout_ms) {
+  const int raised_by = kernels::fault_timed_out_rank(word), peer = kernels::fault_waited_for(word);
+  std::string msg = where + " on rank " + std::to_string(rank) + ": rank " + std::to_string(raised_by);
+  if (kernels::fault_is_divergence(word)) {
+    msg += " found that rank " + std::to_string(peer) +
+           "'s contribution to a call carried another call's identity (the ranks diverged: a call rejected on some "
+           "ranks only, another M, call against finalize, another op or variant at the same point; rank " +
+           std::to_string(raised_by) + "'s error names both identities)";
+  } else {
+    msg += " waited for rank " + std::to_string(peer) + " longer than " + std::to_string(timeout_ms) + " ms (rank " +
+           std::to_string(peer) + " died, hung, or issued a different sequence of calls)";
+  }
+  return msg + " and stopped the group: no rank stores into a mailbox after a fault, so this rank's calls from then "
+               "on did not complete. The communicator is unusable: destroy it and its ops and build them again";
+}
+
+ErrorCode fault_code(uint32_t word) {
+  return kernels::fault_is_divergence(word) ? ErrorCode::kDivergence : ErrorCode::kPeerTimeout;
 }
 
 }  // namespace
@@ -123,11 +199,30 @@ void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
   detail::release_device_memory(device, ptrs);
 }
 
-bool Communicator::Impl::peer_failed() const {
-  if (unusable) return true;
+bool Communicator::Impl::peer_failed() {
+  if (unusable || fault_seen) return true;
   if (record == nullptr) return false;
   const volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
-  return r->ready == r->epoch + 1;
+  if (r->ready == r->epoch + 1) return true;
+  return read_fault_word() != 0;
+}
+
+uint32_t Communicator::Impl::read_fault_word() {
+  if (fault_window.ptr == nullptr || fault_window.plain) return 0;  // no peer stores into it
+  uint32_t word = 0;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  // A copy on the setup stream (non-blocking: it waits for no kernel of another stream). A copy
+  // that fails leaves the word unknown: taken as set, so teardown waits for no peer.
+  if (cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream) != cudaSuccess ||
+      cudaStreamSynchronize(setup_stream) != cudaSuccess) {
+    cudaGetLastError();
+    word = kernels::fault_word(rank, rank);
+  }
+  if (prev >= 0) cudaSetDevice(prev);
+  if (word != 0) fault_seen = true;
+  return word;
 }
 
 kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
@@ -143,59 +238,86 @@ kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
   return s;
 }
 
+void Communicator::Impl::fail(ErrorCode code, const std::string& message, ErrorContext context) {
+  unusable = true;
+  unusable_reason = message;
+  unusable_context = context;
+  throw Error(code, message, std::move(context));
+}
+
+void Communicator::Impl::check_for_construction(const char* what) {
+  check();
+  const uint32_t word = read_fault_word();
+  if (word != 0) {
+    fail(fault_code(word), fault_message(rank, what, word, options.wait_timeout_ms),
+         ErrorContext{kernels::fault_timed_out_rank(word), -1, what});
+  }
+}
+
 void Communicator::Impl::check(bool report_routes) {
-  if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason);
+  if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason, unusable_context);
   // A timeout first (fatal), then, for check_errors() only, a route report.
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
   if (r->ready != r->epoch + 1) {
     if (!report_routes) return;  // route reports are left for check_errors()
     // A fault another rank raised that no kernel of this rank has seen yet (this rank idle, or
     // its kernels still queued): read this rank's fault word itself.
-    uint32_t word = 0;
-    if (fault_window.ptr != nullptr) {
-      detail::DeviceGuard guard(device);
-      MHCCL_CUDA(cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream));
-      MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
-    }
+    const uint32_t word = read_fault_word();
     if (word != 0) {
-      unusable = true;
-      unusable_reason = fault_message(rank, "Communicator", kernels::fault_timed_out_rank(word),
-                                      kernels::fault_waited_for(word), options.wait_timeout_ms);
-      throw Error(ErrorCode::kPeerTimeout, unusable_reason);
+      fail(fault_code(word), fault_message(rank, "Communicator", word, options.wait_timeout_ms),
+           ErrorContext{kernels::fault_timed_out_rank(word), -1, "Communicator"});
     }
     r = record + kernels::kRouteRecord;
     if (r->ready != r->epoch + 1) return;
   }
   const uint32_t epoch = r->epoch;
-  const kernels::ErrorRecord e{epoch, epoch + 1, r->code, r->op, r->protocol, r->peer,
-                               r->generation, r->row, r->value, r->call, 0};
+  kernels::ErrorRecord e{};
+  e.code = r->code;
+  e.op = r->op;
+  e.protocol = r->protocol;
+  e.peer = r->peer;
+  e.generation = r->generation;
+  e.row = r->row;
+  e.value = r->value;
+  e.call = r->call;
+  for (int i = 0; i < 4; ++i) {
+    e.mine.w[i] = r->mine.w[i];
+    e.theirs.w[i] = r->theirs.w[i];
+  }
   r->epoch = epoch + 1;  // consumed: the next error of its kind may be recorded
   // Built without iostreams (see src/ops/checks.cpp).
+  const std::string op = op_label(e.op);
+  const std::string where = op + " (" + protocol_label(e.protocol) + ", call " + std::to_string(e.call) + ")";
   if (e.code == kernels::kPeerFault) {
-    unusable = true;
-    unusable_reason = fault_message(rank, std::string(op_label(e.op)) + " (" + protocol_label(e.protocol) +
-                                              ", call " + std::to_string(e.call) + ")",
-                                    e.peer, static_cast<int>(e.value), options.wait_timeout_ms);
-    throw Error(ErrorCode::kPeerTimeout, unusable_reason);
+    const uint32_t word = static_cast<uint32_t>(e.value);
+    fail(fault_code(word), fault_message(rank, where, word, options.wait_timeout_ms),
+         ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
+  }
+  if (e.code == kernels::kDivergence) {
+    fail(ErrorCode::kDivergence,
+         comm::divergence_message(rank, e.peer, where + ", generation " + std::to_string(e.generation) + ", " +
+                                                    (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") +
+                                                    std::to_string(e.row),
+                                  e.mine, e.theirs),
+         ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   if (e.code == kernels::kWaitTimeout) {
     const std::string peer = std::to_string(e.peer);
     const std::string msg =
-        std::string(op_label(e.op)) + " on rank " + std::to_string(rank) + ": waited for rank " + peer +
+        op + " on rank " + std::to_string(rank) + ": waited for rank " + peer +
         " (" + protocol_label(e.protocol) + ", generation " + std::to_string(e.generation) + ", " +
         (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") + std::to_string(e.row) + ", call " +
         std::to_string(e.call) + ") longer than " + std::to_string(options.wait_timeout_ms) + " ms; rank " + peer +
         " died, hung, or issued a different sequence of calls. Every rank of the group was told to stop "
         "(no rank stores into a mailbox after it). The communicator is unusable: "
         "destroy it and its ops and build them again";
-    unusable = true;
-    unusable_reason = msg;
-    throw Error(ErrorCode::kPeerTimeout, msg);
+    fail(ErrorCode::kPeerTimeout, msg, ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   throw Error(ErrorCode::kInvalidRoute,
-              std::string(op_label(e.op)) + " on rank " + std::to_string(rank) +
-                  ": expanded_idx_to_permuted_idx of row " + std::to_string(e.row) + " holds " +
-                  std::to_string(e.value) + ", outside [-1, rows of gemm2_permuted); that route was skipped");
+              op + " on rank " + std::to_string(rank) + ": expanded_idx_to_permuted_idx of row " +
+                  std::to_string(e.row) + " holds " + std::to_string(e.value) +
+                  ", outside [-1, rows of gemm2_permuted); that route was skipped",
+              ErrorContext{-1, -1, op});
 }
 
 void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op) {
@@ -335,6 +457,8 @@ ncclComm_t Communicator::nccl() const { return impl_->comm; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options; }
 bool Communicator::peers_reachable() const { return impl_->reachable; }
 void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
+void Communicator::note_rejected_call() { ++impl_->rejected; }
+uint32_t Communicator::rejected_calls() const { return impl_->rejected; }
 bool Communicator::usable() const { return !impl_->unusable; }
 
 // --- Symmetric buffers ------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #include "kernels/params.h"
 #include "mhccl/communicator.h"
+#include "mhccl/error.h"
 
 namespace mhccl {
 
@@ -32,6 +33,13 @@ struct Communicator::Impl {
   uint32_t* device_words = nullptr;               // [0, 1] the records' claims, [2] abort flag
   bool unusable = false;
   std::string unusable_reason;
+  ErrorContext unusable_context;
+  // Calls of this communicator's ops rejected on this rank so far (by the library's checks or a
+  // binding's: note_rejected_call). Every call's identity carries it, so a call rejected on some
+  // ranks only is found by the peers of the next call (PROTOCOL.md, I19).
+  uint32_t rejected = 0;
+  // This rank's fault word was seen set (read_fault_word): teardown then waits for no peer.
+  bool fault_seen = false;
   // One allocation on every rank with every rank's address of it: an NCCL window (TP > 1,
   // shared), or plain device memory of this rank only (`peers` then holds just it).
   struct Window {
@@ -60,9 +68,44 @@ struct Communicator::Impl {
   std::vector<void*> orphaned;
   std::vector<void*> orphaned_device;  // cudaMalloc'ed, likewise freed after the abort
 
-  // A peer timed out (reported, or recorded and not yet reported): teardown must not wait for
-  // the peers (no window deregistration, ncclCommAbort instead of ncclCommDestroy).
-  bool peer_failed() const;
+  // A peer timed out or the ranks diverged (reported, recorded and not yet reported, or set in
+  // this rank's fault word): teardown must not wait for the peers (no window deregistration,
+  // ncclCommAbort instead of ncclCommDestroy). Reads the fault word (a copy) until it is seen set.
+  bool peer_failed();
+  // This rank's fault word, read now (a small copy on the setup stream; 0 without a shared
+  // fault window). Construction time, teardown and check_errors() only.
+  uint32_t read_fault_word();
+  // Makes the communicator unusable, naming why, and throws Error(code, message).
+  [[noreturn]] void fail(ErrorCode code, const std::string& message, ErrorContext context = {});
+  // What every op construction does first: check() and this rank's fault word (a fault another
+  // rank raised that no kernel of this rank saw yet), so that a faulted communicator raises on
+  // every rank before any collective.
+  void check_for_construction(const char* what);
+  // Runs an op's call `body(launched)`: body sets `launched` once anything that pairs with the
+  // peers (a Lamport kernel, an NCCL call) went out. An exception before that counts the call as
+  // rejected on this rank (`rejected`); one after it leaves the communicator unusable at TP > 1
+  // (this rank's protocol state or NCCL sequence would be apart from its peers').
+  template <class Body>
+  void guarded_call(const char* what, Body&& body) {
+    bool launched = false;
+    try {
+      body(launched);
+    } catch (const Error& e) {
+      if (!launched) {
+        ++rejected;
+      } else if (tp > 1 && !unusable) {
+        unusable = true;
+        unusable_context = e.context();
+        unusable_reason = std::string(what) + " on rank " + std::to_string(rank) + " failed after its first launch (" +
+                          e.what() + "): this rank's protocol state is apart from its peers'; destroy the "
+                          "communicator and its ops and build them again";
+      }
+      throw;
+    } catch (...) {
+      if (!launched) ++rejected;
+      throw;
+    }
+  }
   // Frees device memory of an op or buffer built on this communicator: at once (after a device
   // synchronization) normally; after a peer failure only after the abort, at destruction (a
   // synchronization could wait for an NCCL kernel stuck on the dead peer).
@@ -104,6 +147,10 @@ namespace comm {
 using ConfigFields = std::vector<std::pair<const char*, int64_t>>;
 std::vector<int> agreement_words(const ConfigFields& fields, bool valid);
 std::string agreement_error(const char* what, int rank, const ConfigFields& fields, const std::vector<int>& reduced);
+// The message of a divergence this rank found (a kDivergence record): `where` it was found, this
+// rank's identity of the call and the peer's, and which of their fields differ.
+std::string divergence_message(int rank, int peer, const std::string& where, const kernels::CallIdentity& mine,
+                               const kernels::CallIdentity& theirs);
 }  // namespace comm
 
 }  // namespace mhccl

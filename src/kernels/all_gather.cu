@@ -8,7 +8,8 @@ namespace mhccl::kernels {
 namespace {
 
 constexpr int kAllGatherThreads = 256;   // at most, a CTA
-constexpr int kAllGatherMaxCtas = 128;  // every CTA co-resident on any sm_90 part (>= 114 SMs)
+// kAllGatherMaxCtas (params.h): every CTA co-resident on any sm_90 part (>= 114 SMs); also the
+// call headers' units a slot.
 // Packs a CTA takes at least: below 128 x 256 packs the grid spreads over more SMs with fewer
 // threads each, so more SMs issue the NVLink stores and the polls in parallel.
 constexpr int kAllGatherPacksPerCta = 256;
@@ -16,7 +17,10 @@ constexpr int kAllGatherPacksPerCta = 256;
 // One kernel: each thread first publishes its packs (grid-stride) to every peer's slot
 // [gen][rank] and to its own output rows, then collects the same packs of every peer from its
 // own mailbox. A thread waits only for the peers' threads of the same index, which publish
-// before they wait, so the co-resident grid cannot deadlock.
+// before they wait, so the co-resident grid cannot deadlock. Every word arrives as sent: a pack
+// holding the sentinel (or the marker) travels encoded, with an escape word (WordLanes::encode).
+// Thread 0 of each CTA publishes the CTA's call header first, and thread k of each CTA checks
+// the header of rank (rank + k) % tp's CTA of the same index (PROTOCOL.md, I19).
 __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const AllGatherParams p) {
   pdl_wait();
   pdl_launch_dependents();
@@ -25,28 +29,55 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p.tp == 1) {
-    for (int64_t i = first; i < p.packs; i += step) out[i] = publishable<WordLanes>(ld_input(in + i));
+    for (int64_t i = first; i < p.packs; i += step) out[i] = ld_input(in + i);
     return;
   }
   // The first pack's input load goes out before the state load: two round trips overlapped.
   uint4 head = make_uint4(0, 0, 0, 0);
   if (first < p.packs) head = ld_input(in + first);
-  const Generation g = read_generation(p.state);
+  const Generation g = read_generation(p.state, p.err);
   const uint32_t ticket = arrive_early(p.state);
   uint4* local = static_cast<uint4*>(p.mailboxes[0]);
+  uint32_t* local_words = static_cast<uint32_t*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
+  const uint4 want = identity_pack(p.id, g.current);
+  const WaitSite site{kProtoAllGather, -1, g.current, first, p.state};
   // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I12b); the waits below
   // then end at once and the record says why.
-  const bool publish = first >= p.packs || may_publish(p.err, g.faulted, WaitSite{kProtoAllGather, -1, g.current, first, p.state});
+  if (threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
+    const int64_t off = all_gather_header_offset(g.current, p.tp, p.rank, cap, blockIdx.x);
+#pragma unroll
+    for (int k = 1; k < kMaxTp; ++k) {
+      if (k < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[k]) + off, want);
+    }
+  }
+  const bool publish = first >= p.packs || may_publish(p.err, g.fault, site);
   for (int64_t i = first; publish && i < p.packs; i += step) {
-    const uint4 v = publishable<WordLanes>(i == first ? head : ld_input(in + i));
+    const uint4 x = i == first ? head : ld_input(in + i);
+    uint32_t escape;
+    const uint4 v = WordLanes::encode(x, escape);
 #pragma unroll
     for (int k = 1; k < kMaxTp; ++k) {
       if (k < p.tp) st_volatile(static_cast<uint4*>(p.mailboxes[k]) + my_slot + i, v);
     }
-    out[p.rank * p.packs + i] = v;
+    if (escape != 0) {
+      const int64_t off = all_gather_escape_offset(g.current, p.tp, p.rank, cap, i);
+#pragma unroll
+      for (int k = 1; k < kMaxTp; ++k) {
+        if (k < p.tp) st_volatile(static_cast<uint32_t*>(p.mailboxes[k]) + off, escape);
+      }
+    }
+    out[p.rank * p.packs + i] = x;
   }
+  // This CTA's unit: thread k < tp checks rank (rank + k) % tp's call header, its load in flight
+  // while this thread's packs are collected.
+  const int hk = static_cast<int>(threadIdx.x);
+  const bool checks_header = hk >= 1 && hk < p.tp;
+  const int hsource = (p.rank + hk) % p.tp;
+  uint4* hdr = local + all_gather_header_offset(g.current, p.tp, hsource, cap, blockIdx.x);
+  uint4 header = make_uint4(0, 0, 0, 0);
+  if (checks_header) header = ld_volatile(hdr);
   for (int64_t i = first; i < p.packs; i += step) {
     uint4 v[kMaxTp];
 #pragma unroll
@@ -59,12 +90,23 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
       if (k >= p.tp) continue;
       const int r = (p.rank + k) % p.tp;
       const uint4* slot = local + (static_cast<int64_t>(g.current) * p.tp + r) * cap + i;
-      wait_slot<WordLanes>(slot, v[k], p.err, WaitSite{kProtoAllGather, r, g.current, i, p.state});
+      const WaitSite at{kProtoAllGather, r, g.current, i, p.state};
+      if (wait_slot<WordLanes>(slot, v[k], p.err, at) && WordLanes::escaped(v[k])) {
+        // A pack that carried the sentinel: its escape word, stored after it, restores the lanes
+        // (then reset: this thread is its only reader).
+        uint32_t* esc = local_words + all_gather_escape_offset(g.current, p.tp, r, cap, i);
+        uint32_t e = ld_volatile(esc);
+        if (wait_slot<WordLanes>(esc, e, p.err, at)) {
+          st_volatile(esc, kWordSentinel);
+          v[k] = WordLanes::decode(v[k], e);
+        }
+      }
       out[r * p.packs + i] = v[k];
     }
   }
-  reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap, p.tp, cap,
-                         g.prev_rows);
+  if (checks_header) check_header<WordLanes>(hdr, header, want, p.err, WaitSite{kProtoAllGather, hsource, g.current, first, p.state});
+  reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap,
+                         p.tp, cap, g.prev_rows);
   advance_if_last(p.state, ticket, static_cast<uint32_t>(p.packs));
 }
 

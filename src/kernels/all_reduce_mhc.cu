@@ -250,35 +250,88 @@ __device__ __forceinline__ void cp_async_mixes(float* mixes, const ConsumerParam
 }
 
 // --- Kernels --------------------------------------------------------------------------------
+// A publishing unit's call header (PROTOCOL.md, I19), stored by one thread before the unit's
+// first pack: one-shot into slot [gen][rank] of every rank's mailbox, two-shot into the owner's
+// contributions (unit `u` of the destination's slots).
+__device__ __forceinline__ void publish_header(void* const (&targets)[kMaxTp], PublishDest dest, int tp, int rank,
+                                               int owner, int64_t slot_rows, int np, int64_t u, uint4 hdr,
+                                               uint32_t gen) {
+  if (dest == PublishDest::kAllRanks) {
+    store_to_ranks(targets, tp, header_offset(gen, tp, rank, slot_rows, np, u), hdr);
+  } else {
+    st_volatile(static_cast<uint4*>(owner_target(targets, owner)) + header_offset(gen, tp, rank, slot_rows, np, u), hdr);
+  }
+}
+
 template <bool kFinalize>
 __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const PublishParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
   // The generation is read before the dependents may start (they end the call and advance it).
   Generation g{0, 0, 0, 0};
-  if (p.dest != PublishDest::kLocal) g = read_generation(p.state);
+  if (p.dest != PublishDest::kLocal) g = read_generation(p.state, p.err);
   const uint32_t gen = g.current;
   pdl_launch_dependents();
-  if (!rp.active) return;
   const int64_t np = p.np;
+  if (p.dest == PublishDest::kLocal) {
+    if (!rp.active) return;
+    const uint4 v = kFinalize ? finalize_pack(p.fin, rp.row, rp.pack, p.np, p.err, rp.pack == 0)
+                              : ld_input(static_cast<const uint4*>(p.x) + rp.row * np + rp.pack);
+    static_cast<uint4*>(p.targets[0])[rp.row * np + rp.pack] = v;
+    return;
+  }
+  const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
+  const WaitSite site{proto, -1, gen, rp.row, p.state};
+  // The unit's header first, by thread 0 of every CTA (one without packs too: the consumer CTA
+  // of the same unit checks it). Two-shot: unit (row / tp, part) of the owner's slots.
+  if (threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
+    const bool all = p.dest == PublishDest::kAllRanks;
+    const int64_t u = (all ? rp.row : rp.row / p.tp) * p.tiling.ctas_per_row + rp.part;
+    publish_header(p.targets, p.dest, p.tp, p.rank, static_cast<int>(rp.row % p.tp), p.slot_rows, p.np, u,
+                   identity_pack(p.id, gen), gen);
+  }
+  if (!rp.active) return;
   uint4 v;
   if constexpr (kFinalize) {
     v = finalize_pack(p.fin, rp.row, rp.pack, p.np, p.err, rp.pack == 0);
   } else {
     v = ld_input(static_cast<const uint4*>(p.x) + rp.row * np + rp.pack);
   }
-  if (p.dest == PublishDest::kLocal) {
-    static_cast<uint4*>(p.targets[0])[rp.row * np + rp.pack] = v;
-    return;
-  }
-  const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
-  if (!may_publish(p.err, g.faulted, WaitSite{proto, -1, gen, rp.row, p.state})) return;
+  if (!may_publish(p.err, g.fault, site)) return;
   v = publishable<Bf16Lanes>(v);
   if (p.dest == PublishDest::kAllRanks) {
     store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row, p.np, rp.pack), v);
   } else {  // kOwner
     st_volatile(static_cast<uint4*>(owner_target(p.targets, static_cast<int>(rp.row % p.tp))) +
                     mailbox_offset(gen, p.tp, p.rank, p.slot_rows, rp.row / p.tp, p.np, rp.pack), v);
+  }
+}
+
+// Two-shot owner, warp 0 of the CTA of owned unit u (owned row j, part), every lane, converged:
+// lane s < tp checks source s's contribution header; where every one arrived and matched this
+// rank's identity `want` and no fault stands, lane 0 stores this owner's header of the reduced
+// unit (row j * tp + rank, part) into every rank's reduced buffer. A consumer waits for that
+// header, so none completes on a reduced row built from another call's contribution without an
+// error (its wait ends at the fault the mismatch raised).
+__device__ __forceinline__ void owner_headers(const void* contributions, void* const (&reduced)[kMaxTp], int tp, int rank,
+                                              int64_t owner_rows, int64_t reduced_rows, int np, int64_t j, int part,
+                                              int ctas_per_row, uint4 want, const Generation& g,
+                                              const LamportState* state, const ErrorSink& err) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const int64_t row = j * tp + rank;
+  bool ok = true;
+  if (lane < tp) {
+    uint4* hdr = const_cast<uint4*>(static_cast<const uint4*>(contributions)) +
+                 header_offset(g.current, tp, lane, owner_rows, np, j * ctas_per_row + part);
+    ok = check_header<Bf16Lanes>(hdr, ld_volatile(hdr), want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, row, state});
+  }
+  ok = __all_sync(0xFFFFFFFFu, ok);
+  if (lane == 0 && ok && may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, g.current, row, state})) {
+    const int64_t off = header_offset(g.current, 1, 0, reduced_rows, np, row * ctas_per_row + part);
+#pragma unroll
+    for (int i = 0; i < kMaxTp; ++i) {
+      if (i < tp) st_volatile(static_cast<uint4*>(reduced[i]) + off, want);
+    }
   }
 }
 
@@ -310,9 +363,9 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
   }
-  // Every contribution arrived (a failed wait marked the state and recorded why), and no
-  // earlier wait of the protocol gave up on this rank.
-  if (!arrived || !may_publish(err, g.faulted, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
+  // Every contribution arrived (a failed wait recorded why and raised the fault), and no fault
+  // stood when the kernel read the state.
+  if (!arrived || !may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
@@ -329,10 +382,15 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   if (p.wait_predecessor) pdl_wait();
   // Before the consumer may start (and end the call); without griddepcontrol.wait: relaxed loads.
   __shared__ uint32_t state_box[3];
-  const Generation g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
+  const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
-  if (!rp.active || row >= p.m) return;
+  if (row >= p.m) return;  // the whole CTA
+  if (threadIdx.x < 32) {
+    owner_headers(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, p.np, rp.row, rp.part,
+                  p.tiling.ctas_per_row, identity_pack(p.id, g.current), g, p.state, p.err);
+  }
+  if (!rp.active) return;
   owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, g,
                     p.state, p.err);
 }
@@ -544,9 +602,15 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
     __shared__ uint32_t state_box[3];
-    g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
+    g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-    if (publish && may_publish(p.err, g.faulted, WaitSite{p.protocol, -1, g.current, row, p.state})) {
+    const WaitSite site{p.protocol, -1, g.current, row, p.state};
+    // The unit's call header before its first pack (thread 0 of every CTA, one without packs too).
+    if (p.publish_first && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
+      store_to_ranks(p.targets, p.tp, header_offset(g.current, p.tp, p.rank, p.slot_rows, p.np, blockIdx.x),
+                     identity_pack(p.id, g.current));
+    }
+    if (publish && may_publish(p.err, g.fault, site)) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
                      publishable<Bf16Lanes>(mine));
     }
@@ -569,6 +633,16 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // The MXFP8 scales' padding rows depend on no data: their stores go out while the loads above
   // (and, polling, the peers' rows) are in flight instead of after the epilogue.
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
+
+  // The peers' call headers of this CTA's unit (PROTOCOL.md, I19): thread s < nslots checks
+  // source s's (two-shot: the row's owner's), its load in flight with the row's packs below.
+  const bool checks_header = IN == ConsumerInput::kPoll && static_cast<int>(threadIdx.x) < p.nslots;
+  auto header_at = [&] {
+    return const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
+           header_offset(g.current, p.nslots, static_cast<int>(threadIdx.x), p.slot_rows, p.np, blockIdx.x);
+  };
+  uint4 header = make_uint4(0, 0, 0, 0);
+  if (checks_header) header = ld_volatile(header_at());
 
   // y: this row's reduced pack, FP32 sum from +0.0 in rank order, rounded to BF16.
   float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -606,6 +680,11 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
     round_sum_to_bf16<IN>(y, p.nslots);
   }
+  if (checks_header) {
+    const int peer = p.nslots > 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(row % p.tp);
+    check_header<Bf16Lanes>(header_at(), header, identity_pack(p.id, g.current), consumer_sink(p),
+                            WaitSite{p.protocol, peer, g.current, row, p.state});
+  }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
   cp_async_wait_all();
@@ -634,10 +713,16 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
   const bool two_shot = p.contributions != nullptr;
   const uint32_t proto = two_shot ? kProtoTwoShotOwner : kProtoOneShot;
   auto allowed = [&](uint32_t fault, int64_t row) {
-    return may_publish(p.err, fault | gs.faulted, WaitSite{proto, -1, gen, row, p.state});
+    return may_publish(p.err, fault | gs.fault, WaitSite{proto, -1, gen, row, p.state});
   };
+  // Thread 0 stores each row's call header (a unit is a row here) before the row's first pack.
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
+    const PublishDest dest = two_shot ? PublishDest::kOwner : PublishDest::kAllRanks;
+    if (pack == 0) {
+      publish_header(p.targets, dest, p.tp, p.rank, static_cast<int>(row % p.tp), two_shot ? p.owner_rows : p.slot_rows,
+                     p.np, two_shot ? row / p.tp : row, identity_pack(p.id, gen), gen);
+    }
     if (!two_shot) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
     } else {
@@ -714,11 +799,19 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
 __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const Generation& g, int64_t index,
                                                   int64_t count) {
   const int pack = static_cast<int>(threadIdx.x);
-  if (pack >= p.np) return;
+  const bool warp0 = pack < 32, active = pack < p.np;  // warp 0 checks the headers (owner_headers)
+  if (!warp0 && !active) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+  const uint4 want = identity_pack(p.id, g.current);
   for (int64_t j = index; j < owned; j += count) {
-    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g, p.state,
-                      p.err);
+    if (warp0) {
+      owner_headers(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, p.np, j, 0, 1, want, g,
+                    p.state, p.err);
+    }
+    if (active) {
+      owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g,
+                        p.state, p.err);
+    }
   }
 }
 
@@ -742,6 +835,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   __shared__ float mixes[2][kMixes];
   __shared__ int32_t routes[2][kFinalizeGroup];  // kFinalize: the row's first route group
   __shared__ float weights[2][kFinalizeGroup];
+  __shared__ uint4 headers[2][kMaxTp];  // kPoll: the row's call header of each source (thread s copies source s's)
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
@@ -754,6 +848,10 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   const uint4* in = static_cast<const uint4*>(p.in);
   const int64_t slot_packs = p.slot_rows * np;
   const uint4* slots = in + static_cast<int64_t>(gen) * p.nslots * slot_packs;  // kPoll
+  // kPoll: source s's call header of `row` (a unit is a row: the streaming tiling has one CTA a row).
+  auto header_of = [&](int64_t row, int s) {
+    return const_cast<uint4*>(in) + header_offset(gen, p.nslots, s, p.slot_rows, p.np, row);
+  };
   uint4 norm = make_uint4(0, 0, 0, 0);
   if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
 
@@ -771,6 +869,9 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
       } else {
         cp_async16(st + HC * threads + pack, in + row * np + pack);
       }
+    }
+    if constexpr (IN == ConsumerInput::kPoll) {
+      if (pack < inputs) cp_async16(&headers[stage][pack], header_of(row, pack));
     }
     cp_async_mixes<HC, V>(mixes[stage], p, row);
     if constexpr (IN == ConsumerInput::kFinalize) {  // the last threads (the mixes' are the first)
@@ -864,6 +965,13 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
         for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
       }
     }
+    if constexpr (IN == ConsumerInput::kPoll) {  // the row's call headers (PROTOCOL.md, I19)
+      if (pack < inputs) {
+        const int peer = p.nslots > 1 ? pack : static_cast<int>(row % p.tp);
+        check_header<Bf16Lanes>(header_of(row, pack), headers[stage][pack], identity_pack(p.id, gen), consumer_sink(p),
+                                WaitSite{p.protocol, peer, gen, row, p.state});
+      }
+    }
     epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
     if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
   }
@@ -897,7 +1005,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   if constexpr (IN == ConsumerInput::kPoll) {
     __shared__ uint32_t role_ticket;
     __shared__ uint32_t state_box[3];
-    const Generation g = p.wait_predecessor ? read_generation(p.state) : read_generation_cta(p.state, state_box);
+    const Generation g =
+        p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
     pdl_launch_dependents();  // after the state read: dependents start the next call
     const uint32_t t = arrive_early(p.state);
     if (threadIdx.x == 0) role_ticket = t;

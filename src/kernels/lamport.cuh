@@ -1,8 +1,9 @@
 // Lamport primitives: the sentinel, 16-byte packs, volatile loads/stores over NVLink peer
-// mappings, and the one bounded wait every poll loop goes through.
+// mappings, the one bounded wait every poll loop goes through, the call headers and the fault word.
 //
 // A mailbox slot holds the sentinel until its writer stores real data; writers never store the
-// sentinel (BF16 -0.0 -> +0.0, all-gather word 0x80000000 -> 0), so "no lane holds the
+// sentinel (BF16 -0.0 -> +0.0, which changes no sum; the all-gather's word 0x80000000 travels
+// as the marker 0x80000001 with an escape word that restores it), so "no lane holds the
 // sentinel" means "all of this pack arrived". Lanes are compared as bits, never as floats.
 #pragma once
 
@@ -42,6 +43,9 @@ __device__ __forceinline__ void st_volatile(void* p, uint4 v) {
                "r"(v.z), "r"(v.w)
                : "memory");
 }
+__device__ __forceinline__ void st_volatile(uint32_t* p, uint32_t v) {
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 // A relaxed GPU-scope load: the protocol state, where a kernel reads it without
 // griddepcontrol.wait (PDL promises no cache invalidation then; a cached copy could be stale).
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -67,16 +71,31 @@ struct Bf16Lanes {  // BF16 mailboxes: 8 lanes of 16 bits a pack
     return make_uint4(kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair);
   }
 };
-struct WordLanes {  // all-gather mailboxes: 4 lanes of 32 bits a pack
+struct WordLanes {  // all-gather mailboxes: 4 lanes of 32 bits a pack, and its 32-bit escape words
+  static __device__ __forceinline__ bool pending(uint32_t w) { return w == kWordSentinel; }
   static __device__ __forceinline__ bool pending(uint4 v) {
     return v.x == kWordSentinel || v.y == kWordSentinel || v.z == kWordSentinel ||
            v.w == kWordSentinel;
   }
-  static __device__ __forceinline__ uint32_t publishable(uint32_t w) {
-    return w == kWordSentinel ? 0u : w;
-  }
   static __device__ __forceinline__ uint4 sentinel() {
     return make_uint4(kWordSentinel, kWordSentinel, kWordSentinel, kWordSentinel);
+  }
+  // A pack as it travels (params.h, escape_encode): where no lane is the sentinel or the
+  // marker, the pack itself and `escape` 0 (no escape word is stored); otherwise sentinel lanes
+  // become the marker and `escape` says which they were.
+  static __device__ __forceinline__ uint4 encode(uint4 v, uint32_t& escape) {
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    escape = escape_encode(w);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  // Whether an arrived pack holds marker lanes: its escape word says which were the sentinel.
+  static __device__ __forceinline__ bool escaped(uint4 v) {
+    return v.x == kWordMarker || v.y == kWordMarker || v.z == kWordMarker || v.w == kWordMarker;
+  }
+  static __device__ __forceinline__ uint4 decode(uint4 v, uint32_t escape) {
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    escape_decode(w, escape);
+    return make_uint4(w[0], w[1], w[2], w[3]);
   }
 };
 template <class Lanes>
@@ -112,9 +131,11 @@ __device__ __forceinline__ void* owner_target(void* const (&targets)[kMaxTp], in
 }
 
 // --- Errors ----------------------------------------------------------------------------------
+// `mine`/`theirs`: the two call identities of a kDivergence record (null otherwise).
 __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, uint32_t protocol,
                                              int peer, uint32_t generation, int64_t row,
-                                             int64_t value, uint32_t call = 0) {
+                                             int64_t value, uint32_t call = 0, const uint4* mine = nullptr,
+                                             const uint4* theirs = nullptr) {
   const int slot = code == kBadRoute ? kRouteRecord : kTimeoutRecord;  // timeouts and faults: fatal
   volatile ErrorRecord* r = e.records + slot;
   const uint32_t epoch = r->epoch;
@@ -127,6 +148,13 @@ __device__ __forceinline__ void record_error(const ErrorSink& e, uint32_t code, 
   r->row = static_cast<int32_t>(row);
   r->value = value;
   r->call = call;
+  if (mine != nullptr) {
+    const uint32_t a[4] = {mine->x, mine->y, mine->z, mine->w}, b[4] = {theirs->x, theirs->y, theirs->z, theirs->w};
+    for (int i = 0; i < 4; ++i) {
+      r->mine.w[i] = a[i];
+      r->theirs.w[i] = b[i];
+    }
+  }
   __threadfence_system();
   r->ready = epoch + 1;
   __threadfence_system();
@@ -155,52 +183,71 @@ __device__ __forceinline__ uint32_t call_of(const WaitSite& site) {  // error pa
 }
 
 // --- Fault containment (PROTOCOL.md, I12b) ----------------------------------------------------
-// This rank's fault word (params.h, fault_word): 0 while no rank of the group gave up a wait.
-// System scope: peers store into it over NVLink.
+// This rank's fault word (params.h, fault_word): 0 while no rank of the group gave up a wait or
+// found a divergence. One per communicator: every kernel of every op reads it. System scope:
+// peers store into it over NVLink.
 __device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
   return cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault).load(cuda::memory_order_relaxed);
 }
-// A wait of this rank for `waited_for` expired: every rank's fault word (this one's too) names
-// this rank, unless an earlier fault already stands there (the first one stays).
-__device__ __forceinline__ void raise_fault(const ErrorSink& e, int waited_for) {
-  const uint32_t w = fault_word(e.rank, waited_for);
+// This rank gave up a wait of `peer` (or found its call header unlike its own): every rank's
+// fault word (this one's too) names it, unless an earlier fault already stands there (the first
+// one stays).
+__device__ __forceinline__ void raise_fault(const ErrorSink& e, int peer, bool divergence) {
+  const uint32_t w = fault_word(e.rank, peer, divergence);
   for (int r = 0; r < e.fault_ranks; ++r) {
     uint32_t expected = 0;
     cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault_peers[r])
         .compare_exchange_strong(expected, w, cuda::memory_order_relaxed);
   }
 }
-// This protocol's state marked: none of its later kernels on this rank publishes (I12b).
-__device__ __forceinline__ void mark_faulted(const WaitSite& site) {
-  if (site.state != nullptr) atomicExch(const_cast<uint32_t*>(&site.state->faulted), 1u);
-}
 // The error paths, not inlined: their registers stay out of the hot loops around them (inlined,
 // they made the streaming finalize publishers spill). Arguments by value: no address of a
 // kernel parameter escapes (that would copy it to local memory at the kernel's start).
 //
-// A fault seen here: recorded on this rank (the timeout record: fatal), naming the rank that
-// timed out and the one it waited for. Where this rank timed out itself, its kWaitTimeout record
-// stands already (the first record of its kind wins).
+// A fault seen here (fault word f): recorded on this rank (the timeout record: fatal), with the
+// word, which names the rank that raised it and the peer it gave up on. Where this rank raised
+// it itself, its own record stands already (the first record of its kind wins).
 static __device__ __noinline__ void record_fault(const ErrorSink e, uint32_t f, const WaitSite site) {
-  record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row,
-               fault_waited_for(f), call_of(site));
-  mark_faulted(site);
+  record_error(e, kPeerFault, site.protocol, fault_timed_out_rank(f), site.generation, site.row, f, call_of(site));
 }
 // A wait's budget expired: recorded, and the fault raised in every rank's word.
 static __device__ __noinline__ void record_timeout(const ErrorSink e, const WaitSite site) {
   record_error(e, kWaitTimeout, site.protocol, site.peer, site.generation, site.row, 0, call_of(site));
-  raise_fault(e, site.peer);
-  mark_faulted(site);
+  raise_fault(e, site.peer, false);
 }
-// Whether this thread may store into peers' mailboxes: `stop` (this protocol's state says a
-// wait of it gave up, or the caller loaded a fault word that is set) is false. A publish that is
-// dropped records the fault (the word read on this cold path), so the host of this rank
-// reports it and the call's outputs are never taken for right.
-__device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t stop, const WaitSite& site) {
-  if (stop == 0) return true;
-  const uint32_t f = load_fault(e);
-  record_fault(e, f != 0 ? f : fault_word(e.rank, e.rank), site);
+// A peer's call header differs from this rank's: both recorded, and the fault raised.
+static __device__ __noinline__ void record_divergence(const ErrorSink e, const WaitSite site, const uint4 mine,
+                                                      const uint4 theirs) {
+  record_error(e, kDivergence, site.protocol, site.peer, site.generation, site.row, 0, call_of(site), &mine, &theirs);
+  raise_fault(e, site.peer, true);
+}
+// Whether this thread may store into peers' mailboxes: `fault` (this rank's fault word as the
+// kernel read it with its state, or as the caller loaded it since) is 0. A publish that is
+// dropped records the fault (a cold path), so the host of this rank reports it and the call's
+// outputs are never taken for right.
+__device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t fault, const WaitSite& site) {
+  if (fault == 0) return true;
+  record_fault(e, fault, site);
   return false;
+}
+
+// Volatile loads and the sentinel test of the two kinds of slot a wait polls: 16-byte packs, and
+// the all-gather's 32-bit escape words.
+__device__ __forceinline__ uint32_t ld_volatile(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_volatile(const uint4* p) { return ld_volatile(static_cast<const void*>(p)); }
+
+// The fault word as a warp's threads that got here together read it: one load by the first of
+// them, shared (a strong load of one address by every thread of a large grid serializes).
+__device__ __forceinline__ uint32_t load_fault_coalesced(const ErrorSink& e) {
+  const unsigned mask = __activemask();
+  const int leader = __ffs(mask) - 1;
+  uint32_t f = 0;
+  if (static_cast<int>(threadIdx.x & 31) == leader) f = load_fault(e);
+  return __shfl_sync(mask, f, leader);
 }
 
 // The one bounded wait: re-loads *slot until no lane holds the sentinel. `v` holds a first load
@@ -208,26 +255,54 @@ __device__ __forceinline__ bool may_publish(const ErrorSink& e, uint32_t stop, c
 // the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
 // of the group was seen (recorded); the caller then stores nothing more into any mailbox and
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
-template <class Lanes>
-__device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e,
-                                          const WaitSite& site) {
+// The fault word is read on the first spin and every kFaultSpins after (a fault raised before or
+// during the wait ends it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256.
+constexpr uint32_t kFaultSpins = 32;
+template <class Lanes, class T>
+__device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& e, const WaitSite& site) {
   if (!Lanes::pending(v)) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
     v = ld_volatile(slot);
     if (!Lanes::pending(v)) return true;
-    if ((spin & 255u) == 0) {
-      const uint32_t f = load_fault(e);
+    if (spin % kFaultSpins == 1) {
+      const uint32_t f = load_fault_coalesced(e);
       if (f != 0) {
         record_fault(e, f, site);
         return false;
       }
-      if (global_timer_ns() - start > e.timeout_ns) {
+      if (spin % 256 == 1 && global_timer_ns() - start > e.timeout_ns) {
         record_timeout(e, site);
         return false;
       }
     }
   }
+}
+template <class Lanes>
+__device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e, const WaitSite& site) {
+  return wait_slot<Lanes>(static_cast<const uint4*>(slot), v, e, site);
+}
+
+// --- Call headers (PROTOCOL.md, I19) ------------------------------------------------------------
+__device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, uint32_t gen) {
+  const CallIdentity g = with_generation(id, gen);
+  return make_uint4(g.w[0], g.w[1], g.w[2], g.w[3]);
+}
+__device__ __forceinline__ bool same_pack(uint4 a, uint4 b) {
+  return ((a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w)) == 0;
+}
+// A peer's call header at `hdr` (this rank's mailbox), against this rank's `want`: waits for it
+// (the bounded wait: its writer stored it before the unit's first pack), then resets it to the
+// sentinel (this thread is its only reader, and its writer stores it again only three calls
+// later: I4). A header unlike `want` is recorded as a divergence naming the peer, and the fault
+// raised. Returns whether it arrived and matched. `v`: a first load made by the caller.
+template <class Lanes>
+__device__ __forceinline__ bool check_header(uint4* hdr, uint4 v, uint4 want, const ErrorSink& e, const WaitSite& site) {
+  if (!wait_slot<Lanes>(hdr, v, e, site)) return false;
+  st_volatile(hdr, Lanes::sentinel());
+  if (same_pack(v, want)) return true;
+  record_divergence(e, site, want, v);
+  return false;
 }
 
 // --- Protocol state --------------------------------------------------------------------------
@@ -235,35 +310,39 @@ struct Generation {
   uint32_t current;   // slots this call writes and reads
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
-  uint32_t faulted;   // LamportState::faulted: publish nothing
+  uint32_t fault;     // this rank's fault word as the kernel started: publish nothing if set
 };
-// The protocol state of this call. Plain loads in a kernel that passed griddepcontrol.wait (or
-// has no PDL predecessor): the previous call's last kernel, which wrote it, completed before,
-// and its writes are visible. Where a kernel skips the wait (after our own publish, which
-// passed it), PDL promises no such visibility: read_generation_cta then reads it with GPU-scope
-// relaxed loads, by one thread of the CTA, shared through shared memory (`box`, a CTA barrier:
-// call it from every thread). Not one strong load a warp: measured on one H200 (session 6),
-// strong loads of the state by every warp of 4096 CTAs cost 54 us a call in the Lamport floor
-// and 39 us in the two-shot call at M = 4096 (TP=1 self-test), against cached loads.
-__device__ __forceinline__ Generation read_generation(const LamportState* s) {
+// The protocol state of this call, and the communicator's fault word. Plain loads in a kernel
+// that passed griddepcontrol.wait (or has no PDL predecessor): the previous call's last kernel,
+// which wrote the state, completed before, and its writes are visible; the fault word's line is
+// not in this kernel's L1 before this load, which takes it from L2, where peers' stores land (a
+// warp's loads of it are one request, and an SM's warps share one L1 miss). Where a kernel skips
+// the wait (after our own publish, which passed it), PDL promises no such visibility:
+// read_generation_cta then reads both with GPU-scope relaxed loads, by one thread of the CTA,
+// shared through shared memory (`box`, a CTA barrier: call it from every thread). Not one strong
+// load a warp: measured on one H200, strong loads of the state by every warp of 4096 CTAs cost
+// 54 us a call in the Lamport floor and 39 us in the two-shot call at M = 4096 (TP=1 self-test),
+// against cached loads.
+__device__ __forceinline__ Generation read_generation(const LamportState* s, const ErrorSink& e) {
   Generation g;
   g.current = s->generation;
   g.prev_rows = s->prev_rows;
-  g.faulted = s->faulted;
+  g.fault = *e.fault;
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;
 }
-__device__ __forceinline__ Generation read_generation_cta(const LamportState* s, uint32_t (&box)[3]) {
+__device__ __forceinline__ Generation read_generation_cta(const LamportState* s, const ErrorSink& e,
+                                                          uint32_t (&box)[3]) {
   if (threadIdx.x == 0) {
     box[0] = ld_relaxed_gpu(&s->generation);
     box[1] = ld_relaxed_gpu(&s->prev_rows);
-    box[2] = ld_relaxed_gpu(&s->faulted);
+    box[2] = load_fault(e);
   }
   __syncthreads();
   Generation g;
   g.current = box[0];
   g.prev_rows = box[1];
-  g.faulted = box[2];
+  g.fault = box[2];
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;
 }

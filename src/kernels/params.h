@@ -15,7 +15,6 @@ constexpr uint32_t kWordSentinel = 0x80000000u;      // an empty all-gather mail
 constexpr int kMaxThreadsPerCta = 640;  // a 5120-wide row on one CTA; 96 registers a thread
 // The epilogue over hc = 8 streams needs more registers: at most 512 threads (128 registers).
 constexpr int max_threads_per_cta(int hc) { return hc == 8 ? 512 : kMaxThreadsPerCta; }
-constexpr int kMaxCtasPerRow = 8;  // portable cluster size
 
 // What a kernel's bounded wait or a finalize route check records, in host-mapped memory: two
 // records, [kTimeoutRecord] for expired waits and [kRouteRecord] for bad routes, so that a route
@@ -23,10 +22,120 @@ constexpr int kMaxCtasPerRow = 8;  // portable cluster size
 // a record with a CAS of its device claim word from epoch to epoch + 1 (the first error of its
 // kind wins), writes the fields, then sets ready = epoch + 1 last, so the host never reads a
 // half-written record. The host consumes it by advancing epoch.
-enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2, kPeerFault = 3 };
+enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2, kPeerFault = 3, kDivergence = 4 };
 enum OpKind : uint32_t { kOpAllGather = 1, kOpAllReduceCall = 2, kOpAllReduceFinalize = 3 };
 enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProtoTwoShotReduced = 3,
                                kProtoAllGather = 4 };
+
+// --- Call identity (PROTOCOL.md, I19) ---------------------------------------------------------
+// What every rank's contribution to a call carries, so that no consumer uses rows of another
+// call: the op (call, finalize, all-gather), the protocol, the consumer variant, the size (M
+// rows; packs a rank for the all-gather), the generation, and how many calls this rank has
+// rejected so far (a host-side count of the communicator, passed as a launch argument and so
+// frozen into a CUDA graph at capture, where no rejection can happen). Ranks that make the same
+// sequence of calls put the same identity into every slot; a rank that diverged (a call rejected
+// on it alone, another M, call against finalize, another variant) puts another one there.
+//
+// One 16-byte pack, the call header, published into a header slot beside the rows of every
+// publishing unit (a CTA's part of a row; an all-gather CTA's packs) by the thread that publishes
+// the unit's first pack, before it. 8 lanes of 16 bits, each with its top bit clear, so that no
+// lane is the BF16 sentinel (0x8000) and no word the all-gather's (0x80000000):
+//   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
+//   lanes 1-3: the size, 15 bits a lane (45 bits)
+//   lanes 4-5: the rejected count modulo 2^30
+//   lane 6: 0; lane 7: kIdentityMagic (a written header is never all zeros)
+struct CallIdentity {
+  uint32_t w[4];
+};
+constexpr uint32_t kIdentityMagic = 0x6D48u;  // "mH"
+constexpr int kIdentityGenerationShift = 7;
+MHCCL_HD constexpr uint32_t identity_lane(uint64_t v, int lane) {  // 15 bits of v from bit 15 * lane
+  return static_cast<uint32_t>((v >> (15 * lane)) & 0x7FFFu);
+}
+// The identity of a call at generation 0 (the kernels add their generation: with_generation).
+MHCCL_HD constexpr CallIdentity make_call_identity(uint32_t op, uint32_t protocol, uint32_t variant, uint64_t size,
+                                                    uint32_t rejected) {
+  return CallIdentity{{(op & 3u) | ((protocol & 7u) << 2) | ((variant & 3u) << 5) | (identity_lane(size, 0) << 16),
+                       identity_lane(size, 1) | (identity_lane(size, 2) << 16),
+                       identity_lane(rejected, 0) | (identity_lane(rejected, 1) << 16),
+                       kIdentityMagic << 16}};
+}
+MHCCL_HD constexpr CallIdentity with_generation(CallIdentity id, uint32_t gen) {
+  id.w[0] |= (gen & 3u) << kIdentityGenerationShift;
+  return id;
+}
+// The fields back (for error messages and tests).
+MHCCL_HD constexpr uint32_t identity_op(const CallIdentity& id) { return id.w[0] & 3u; }
+MHCCL_HD constexpr uint32_t identity_protocol(const CallIdentity& id) { return (id.w[0] >> 2) & 7u; }
+MHCCL_HD constexpr uint32_t identity_variant(const CallIdentity& id) { return (id.w[0] >> 5) & 3u; }
+MHCCL_HD constexpr uint32_t identity_generation(const CallIdentity& id) {
+  return (id.w[0] >> kIdentityGenerationShift) & 3u;
+}
+MHCCL_HD constexpr uint64_t identity_size(const CallIdentity& id) {
+  return static_cast<uint64_t>(id.w[0] >> 16) | (static_cast<uint64_t>(id.w[1] & 0x7FFFu) << 15) |
+         (static_cast<uint64_t>(id.w[1] >> 16) << 30);
+}
+MHCCL_HD constexpr uint32_t identity_rejected(const CallIdentity& id) { return (id.w[2] & 0x7FFFu) | ((id.w[2] >> 16) << 15); }
+MHCCL_HD constexpr bool identity_equal(const CallIdentity& a, const CallIdentity& b) {
+  return a.w[0] == b.w[0] && a.w[1] == b.w[1] && a.w[2] == b.w[2] && a.w[3] == b.w[3];
+}
+
+// --- Mailbox layouts ---------------------------------------------------------------------------
+// A Lamport mailbox of the all-reduce (one-shot slots, two-shot contributions, two-shot reduced
+// rows): the rows [gen][source][slot_rows][np] packs, then the call headers [gen][source]
+// [slot_rows * kMaxCtasPerRow] packs (a unit is a CTA's part of a row: row * ctas_per_row +
+// part, at most kMaxCtasPerRow parts a row). The reduced rows have one "source" (a row's owner).
+constexpr int kMaxCtasPerRow = 8;  // portable cluster size
+MHCCL_HD constexpr int64_t header_units(int64_t slot_rows) { return slot_rows * kMaxCtasPerRow; }
+MHCCL_HD constexpr int64_t mailbox_row_packs(int sources, int64_t slot_rows, int np) {
+  return static_cast<int64_t>(kGenerations) * sources * slot_rows * np;
+}
+MHCCL_HD constexpr int64_t mailbox_bytes(int sources, int64_t slot_rows, int np) {
+  return 16 * (mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(kGenerations) * sources * header_units(slot_rows));
+}
+// Pack offset of unit u's header of slot [gen][source].
+MHCCL_HD constexpr int64_t header_offset(uint32_t gen, int sources, int source, int64_t slot_rows, int np, int64_t u) {
+  return mailbox_row_packs(sources, slot_rows, np) +
+         (static_cast<int64_t>(gen) * sources + source) * header_units(slot_rows) + u;
+}
+// The all-gather's mailbox: the packs [gen][source][capacity_packs], the call headers
+// [gen][source][kAllGatherMaxCtas] packs (a unit is a CTA), then the escape words
+// [gen][source][capacity_packs] (uint32): a pack with a lane equal to the sentinel 0x80000000
+// or to the marker 0x80000001 travels with those lanes set to the marker and, in its escape
+// word, which of them were the sentinel (kEscapeTag | a bit per lane), so every word arrives as
+// sent (SPEC.md, changed 2026-12-01).
+constexpr int kAllGatherMaxCtas = 128;  // every CTA co-resident on any sm_90 part (>= 114 SMs)
+constexpr uint32_t kWordMarker = 0x80000001u;
+constexpr uint32_t kEscapeTag = 0x100u;  // an escape word is kEscapeTag | lane bits: never the sentinel
+MHCCL_HD constexpr int64_t all_gather_header_offset(uint32_t gen, int tp, int source, int64_t capacity_packs, int unit) {
+  return static_cast<int64_t>(kGenerations) * tp * capacity_packs + (static_cast<int64_t>(gen) * tp + source) * kAllGatherMaxCtas + unit;
+}
+// Word offset of pack i's escape word of slot [gen][source].
+MHCCL_HD constexpr int64_t all_gather_escape_offset(uint32_t gen, int tp, int source, int64_t capacity_packs, int64_t i) {
+  return 4 * (static_cast<int64_t>(kGenerations) * tp * (capacity_packs + kAllGatherMaxCtas)) +
+         (static_cast<int64_t>(gen) * tp + source) * capacity_packs + i;
+}
+// The escape encoding of one pack's 4 lanes, in place: returns the escape word (0 where the
+// pack travels as it is). escape_decode(escape_encode(w)) restores w; no encoded lane is the
+// sentinel; an encoded pack holds the marker in some lane iff its escape word is not 0.
+MHCCL_HD constexpr uint32_t escape_encode(uint32_t (&w)[4]) {
+  uint32_t special = 0, sentinels = 0;
+  for (int i = 0; i < 4; ++i) {
+    special |= static_cast<uint32_t>((w[i] | 1u) == kWordMarker) << i;
+    sentinels |= static_cast<uint32_t>(w[i] == kWordSentinel) << i;
+    w[i] |= w[i] == kWordSentinel ? 1u : 0u;
+  }
+  return special == 0 ? 0u : kEscapeTag | sentinels;
+}
+MHCCL_HD constexpr void escape_decode(uint32_t (&w)[4], uint32_t escape) {
+  for (int i = 0; i < 4; ++i) {
+    if (escape & (1u << i)) w[i] = kWordSentinel;
+  }
+}
+MHCCL_HD constexpr int64_t all_gather_mailbox_bytes(int tp, int64_t capacity_packs) {
+  return 16 * static_cast<int64_t>(kGenerations) * tp * (capacity_packs + kAllGatherMaxCtas) +
+         4 * static_cast<int64_t>(kGenerations) * tp * capacity_packs;
+}
 
 struct ErrorRecord {
   uint32_t epoch;      // written by the host only
@@ -34,25 +143,32 @@ struct ErrorRecord {
   uint32_t code;
   uint32_t op;
   uint32_t protocol;
-  int32_t peer;        // rank waited for (timeout); kPeerFault: the rank that first timed out
+  int32_t peer;        // rank waited for (timeout, divergence); kPeerFault: the rank that raised the fault
   uint32_t generation;
   int32_t row;         // row (or pack, for the all-gather) waited for / with the bad route
-  int64_t value;       // the bad route index; kPeerFault: the rank that rank waited for
+  int64_t value;       // the bad route index; kPeerFault: the fault word
   uint32_t call;       // this rank's call of the protocol (its state's call count) that recorded it
   uint32_t pad;
+  CallIdentity mine;   // kDivergence: this rank's identity of the call, and the peer's
+  CallIdentity theirs;
 };
 
 // The fault word (one per rank, in the communicator's symmetric fault window): 0 while every
-// wait of the group completed. A rank whose wait expires stores fault_word(itself, the peer it
-// waited for) into every rank's word (its own too); every wait and every publish of every rank
-// watches its own word, so that once any rank gave up, no rank stores into a mailbox again and
-// every rank's waits end at once with an error naming the rank that timed out (PROTOCOL.md, I12b).
+// wait of the group completed and no rank found a divergence. A rank whose wait expires, or
+// that finds a peer's call header unlike its own, stores fault_word(itself, the peer, kind) into
+// every rank's word (its own too); every kernel of every op of the communicator reads its own
+// word with its protocol state and publishes nothing once it is set, and every wait watches it
+// from its first spin, so that once any rank gave up, no rank stores into a mailbox again and
+// every rank's waits end with an error naming the rank that raised it (PROTOCOL.md, I12b).
 constexpr uint32_t kFaultRaised = 0x80000000u;
-MHCCL_HD constexpr uint32_t fault_word(int timed_out_rank, int waited_for) {
-  return kFaultRaised | (static_cast<uint32_t>(waited_for) << 8) | static_cast<uint32_t>(timed_out_rank);
+constexpr uint32_t kFaultDivergence = 0x40000000u;  // raised by a divergence, not a timeout
+MHCCL_HD constexpr uint32_t fault_word(int raised_by, int peer, bool divergence = false) {
+  return kFaultRaised | (divergence ? kFaultDivergence : 0u) | (static_cast<uint32_t>(peer) << 8) |
+         static_cast<uint32_t>(raised_by);
 }
 MHCCL_HD constexpr int fault_timed_out_rank(uint32_t w) { return static_cast<int>(w & 0xFFu); }
 MHCCL_HD constexpr int fault_waited_for(uint32_t w) { return static_cast<int>((w >> 8) & 0xFFu); }
+MHCCL_HD constexpr bool fault_is_divergence(uint32_t w) { return (w & kFaultDivergence) != 0; }
 
 constexpr int kTimeoutRecord = 0;
 constexpr int kRouteRecord = 1;
@@ -60,7 +176,7 @@ constexpr int kRouteRecord = 1;
 struct ErrorSink {
   ErrorRecord* records;  // [2] host-mapped, pinned
   uint32_t* claims;      // [2] device memory: CAS targets, equal to their record's epoch while free
-  uint32_t* fault;       // this rank's fault word (fault_word above), read by every wait and publish
+  uint32_t* fault;       // this rank's fault word (fault_word above), read by every kernel and wait
   uint32_t* const* fault_peers;  // device array [fault_ranks]: every rank's fault word (this one's too)
   int fault_ranks;       // tp where the fault window is shared; 1 (this rank's word) otherwise
   int rank;              // this rank, as fault_word names it
@@ -71,16 +187,13 @@ struct ErrorSink {
 // Device-resident protocol state, advanced by the kernels themselves so that CUDA-graph
 // replays stay right: the generation of the current call and the rows of the previous call
 // (whose slots this call resets). `arrived` counts CTAs of the last kernel of a call; the last
-// one to arrive advances the state.
+// one to arrive advances the state. (A fault is not kept here: it is the communicator's, in
+// its fault word, which every kernel reads with this state.)
 struct LamportState {
   uint32_t generation;
   uint32_t prev_rows;
   uint32_t arrived;
   uint32_t calls;
-  // Set (never cleared) once a wait of this protocol gave up on this rank (a timeout, or a
-  // fault seen): every later kernel of the protocol reads it with the state and publishes
-  // nothing (PROTOCOL.md I12b), at no cost to the hot path (the state is read anyway).
-  uint32_t faulted;
 };
 
 // How a row of np 16-byte packs maps onto CTAs: ctas_per_row CTAs (a thread-block cluster when
@@ -126,6 +239,7 @@ struct PublishParams {
   int64_t slot_rows;  // rows per [gen][source] slot of the destination mailbox
   const LamportState* state;
   ErrorSink err;
+  CallIdentity id;  // this rank's identity of the call (generation 0): its call headers
 };
 
 enum class ConsumerInput : int {
@@ -201,6 +315,7 @@ struct ConsumerParams {
   int np;
   RowTiling tiling;
   ErrorSink err;
+  CallIdentity id;  // kPoll: this rank's identity of the call, which every peer's call header must equal
   // Rows of one CTA, kDirect or kPoll (not a single launch): from this many rows the streaming
   // (persistent, prefetching) consumer runs on min(M + role CTAs, streaming_ctas) CTAs; 0:
   // never; -1: automatic (kDirect when M exceeds its CTAs; kPoll one-shot from
@@ -233,6 +348,7 @@ struct OwnerReduceParams {
   RowTiling tiling;
   const LamportState* state;
   ErrorSink err;
+  CallIdentity id;  // as PublishParams::id: the contributions' headers must equal it, the reduced rows' carry it
 };
 
 struct AllGatherParams {
@@ -245,6 +361,7 @@ struct AllGatherParams {
   int64_t capacity_packs;
   LamportState* state;
   ErrorSink err;
+  CallIdentity id;         // this rank's identity of the call: its CTAs' headers, and what the peers' must equal
   int packs_per_cta;       // launch shape (host side): packs a CTA takes at least; 0: default
 };
 

@@ -28,7 +28,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
   im.comm = comm.impl();
-  im.comm->check();  // fatal errors only; route reports stay for check_errors()
+  im.comm->check_for_construction("LamportAllGather");  // fatal errors only; route reports stay for check_errors()
   // Checked here, thrown after the agreement (on every rank alike: none leaves the collective).
   std::exception_ptr local_error;
   try {
@@ -47,7 +47,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   MHCCL_CUDA(kernels::preload_all_gather_kernels());
   if (im.comm->tp > 1 && im.comm->reachable) {
     im.mailbox = comm.alloc_symmetric(
-        static_cast<size_t>(kernels::kGenerations * im.comm->tp * rank_capacity_bytes),
+        static_cast<size_t>(kernels::all_gather_mailbox_bytes(im.comm->tp, rank_capacity_bytes / 16)),
         kernels::kWordSentinel);
     MHCCL_CUDA(cudaMalloc(&im.state, sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
@@ -65,60 +65,60 @@ bool LamportAllGather::accepts(const DLTensor& in) const {
 void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_t stream) {
   Impl& im = *impl_;
   Communicator::Impl& c = *im.comm;
-  c.check();
-  const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
-  // A strided input is copied with its dimensions merged (coalesce_dims): the copy takes 8.
-  kernels::StridedCopy sc = {};
-  if (needs_copy && !is_contiguous(in)) {
-    sc.ndim = coalesce_dims(in, sc.shape, sc.strides, 8);
-    if (sc.ndim < 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "input: a non-contiguous input is copied with at most 8 dimensions after merging those "
-                  "that can be merged (and dropping those of size 1); " + describe_shape(in) +
-                      " keeps more");
+  c.guarded_call("LamportAllGather", [&](bool& launched) {
+    c.check();
+    const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
+    // A strided input is copied with its dimensions merged (coalesce_dims): the copy takes 8.
+    kernels::StridedCopy sc = {};
+    if (needs_copy && !is_contiguous(in)) {
+      sc.ndim = coalesce_dims(in, sc.shape, sc.strides, 8);
+      if (sc.ndim < 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "input: a non-contiguous input is copied with at most 8 dimensions after merging those "
+                    "that can be merged (and dropping those of size 1); " + describe_shape(in) +
+                        " keeps more");
+      }
     }
-  }
-  detail::DeviceGuard guard(c.device);
-  const int64_t bytes = tensor_bytes(in);
-  const void* src = static_cast<const char*>(in.data) + in.byte_offset;
-  if (needs_copy) {
-    if (is_contiguous(in)) {
-      MHCCL_CUDA(cudaMemcpyAsync(im.staging, src, static_cast<size_t>(bytes),
-                                 cudaMemcpyDeviceToDevice, stream));
-    } else {
-      sc.src = src;
-      sc.dst = im.staging;
-      sc.elem_bytes = in.dtype.bits * in.dtype.lanes / 8;
-      MHCCL_CUDA(kernels::launch_strided_copy(sc, stream));
+    detail::DeviceGuard guard(c.device);
+    const int64_t bytes = tensor_bytes(in);
+    const void* src = static_cast<const char*>(in.data) + in.byte_offset;
+    if (needs_copy) {
+      if (is_contiguous(in)) {
+        MHCCL_CUDA(cudaMemcpyAsync(im.staging, src, static_cast<size_t>(bytes),
+                                   cudaMemcpyDeviceToDevice, stream));
+      } else {
+        sc.src = src;
+        sc.dst = im.staging;
+        sc.elem_bytes = in.dtype.bits * in.dtype.lanes / 8;
+        MHCCL_CUDA(kernels::launch_strided_copy(sc, stream));
+      }
+      src = im.staging;
     }
-    src = im.staging;
-  }
-  void* dst = static_cast<char*>(out.data) + out.byte_offset;
-  kernels::AllGatherParams p = {};
-  if (c.tp > 1 && !c.reachable) {
-    // NCCL fallback. Words equal to 0x80000000 arrive as 0 here too (the contract does not
-    // depend on the path): the TP=1 kernel maps them while staging the input.
+    void* dst = static_cast<char*>(out.data) + out.byte_offset;
+    if (c.tp > 1 && !c.reachable) {  // NCCL fallback: every byte as sent, as on the Lamport path
+      MHCCL_NCCL(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
+      launched = true;
+      return;
+    }
+    kernels::AllGatherParams p = {};
     p.in = src;
-    p.out = im.staging;
-    p.tp = 1;
+    p.out = dst;
+    p.tp = c.tp;
+    p.rank = c.rank;
     p.packs = bytes / 16;
+    p.capacity_packs = im.capacity / 16;
+    p.state = im.state;
+    p.err = c.sink(kernels::kOpAllGather);
+    // This rank's identity of the call (PROTOCOL.md, I19): the size in packs, the rejected count.
+    p.id = kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoAllGather, 0,
+                                       static_cast<uint64_t>(p.packs), c.rejected);
+    p.packs_per_cta = im.packs_per_cta;
+    if (c.tp > 1) {
+      for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);
+    }
     MHCCL_CUDA(kernels::launch_all_gather(p, stream, true));
-    MHCCL_NCCL(ncclAllGather(im.staging, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
-    return;
-  }
-  p.in = src;
-  p.out = dst;
-  p.tp = c.tp;
-  p.rank = c.rank;
-  p.packs = bytes / 16;
-  p.capacity_packs = im.capacity / 16;
-  p.state = im.state;
-  p.err = c.sink(kernels::kOpAllGather);
-  p.packs_per_cta = im.packs_per_cta;
-  if (c.tp > 1) {
-    for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);
-  }
-  MHCCL_CUDA(kernels::launch_all_gather(p, stream, true));
+    if (c.tp > 1) launched = true;
+  });
 }
 
 int64_t LamportAllGather::rank_capacity_bytes() const { return impl_->capacity; }

@@ -208,8 +208,9 @@ struct AllReduceMHC::Impl {
     MHCCL_CUDA(cudaMalloc(&fallback_rows, cfg.max_num_tokens * cfg.hidden_size * 2));
   }
 
+  // `launched`: set once anything that pairs with the peers went out (Communicator::Impl::guarded_call).
   void run(const DLTensor* x, const AllReduceMHCFinalizeArgs* fin, const MHCEpilogueArgs& e,
-           Protocol forced, int64_t m, cudaStream_t stream) {
+           Protocol forced, int64_t m, cudaStream_t stream, bool& launched) {
     const bool finalize = fin != nullptr;
     const Protocol proto = resolve(m, finalize, forced);
     Communicator::Impl& c = *comm;
@@ -217,25 +218,16 @@ struct AllReduceMHC::Impl {
     const bool pdl = cfg.enable_pdl;
     const uint32_t op = finalize ? kernels::kOpAllReduceFinalize : kernels::kOpAllReduceCall;
 
-    // A Lamport call whose first launch went out and a later one failed has this rank's
-    // protocol state (the generation the publish used, not advanced) behind its peers': every
-    // later call would wait for data that never comes. The communicator is made unusable then,
-    // so the error surfaces now and the op is rebuilt, instead of timing out later.
-    bool first_out = false;
-    PublishParams pp = {};
-    auto launched = [&](cudaError_t status, const char* what) {
-      if (status == cudaSuccess) {
-        first_out = true;
-        return;
-      }
-      if (first_out && pp.state != nullptr) {
-        c.unusable = true;
-        c.unusable_reason = std::string(what) + " failed after this call's first launch (" +
-                            cudaGetErrorName(status) + "): this rank's Lamport state is behind its peers'; "
-                            "destroy the communicator and its ops and build them again";
-      }
+    // A launch that fails before anything went out rejects the call (its state is untouched); a
+    // Lamport call whose first launch went out and a later one failed has this rank's protocol
+    // state (the generation the publish used, not advanced) behind its peers': guarded_call makes
+    // the communicator unusable then, so the error surfaces now and the op is rebuilt, instead
+    // of timing out later.
+    auto launch = [&](cudaError_t status, const char* what) {
       detail::check_cuda(status, what);
+      if (c.tp > 1) launched = true;
     };
+    PublishParams pp = {};
 
     ConsumerParams cp = {};
     cp.residual = data_of(e.residual);
@@ -263,6 +255,9 @@ struct AllReduceMHC::Impl {
     cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row,
                                     variant == ConsumerVariant::kFp8 ? kernels::kFp8GroupPacks : 4);
     cp.err = c.sink(op);
+    // This rank's identity of the call (PROTOCOL.md, I19): every peer's call header must equal it.
+    cp.id = kernels::make_call_identity(op, proto == Protocol::kTwoShot ? kernels::kProtoTwoShotOwner : kernels::kProtoOneShot,
+                                        static_cast<uint32_t>(variant), static_cast<uint64_t>(m), c.rejected);
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
     cp.streaming_min_rows = cfg.streaming_min_rows;
@@ -287,6 +282,7 @@ struct AllReduceMHC::Impl {
     pp.tp = c.tp;
     pp.rank = c.rank;
     pp.err = cp.err;
+    pp.id = cp.id;
 
     ConsumerInput input = ConsumerInput::kPoll;
     if (c.tp == 1 && !self_mailbox(forced)) {
@@ -320,7 +316,7 @@ struct AllReduceMHC::Impl {
         cp.publish_first = true;
       } else if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = 0;  // a publish kernel, then a CTA per row
-        launched(kernels::launch_publish(pp, stream, pdl), "launch of the one-shot publish");
+        launch(kernels::launch_publish(pp, stream, pdl), "launch of the one-shot publish");
         cp.wait_predecessor = false;
       }  // else: the streaming consumer's first CTAs publish (it waits for the call's inputs)
     } else if (proto == Protocol::kTwoShot) {
@@ -341,6 +337,7 @@ struct AllReduceMHC::Impl {
       orp.tiling = cp.tiling;
       orp.state = &states[1];
       orp.err = cp.err;
+      orp.id = cp.id;
       cp.in = bt_reduced->local();
       cp.contributions = bt_mailbox->local();
       cp.owner_rows = owner_rows;
@@ -357,8 +354,8 @@ struct AllReduceMHC::Impl {
       cp.reducer_ctas = reducer_ctas;
       if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = cp.reducer_ctas = 0;
-        launched(kernels::launch_publish(pp, stream, pdl), "launch of the two-shot publish");
-        launched(kernels::launch_owner_reduce(orp, stream, pdl), "launch of the two-shot owners' reduce");
+        launch(kernels::launch_publish(pp, stream, pdl), "launch of the two-shot publish");
+        launch(kernels::launch_owner_reduce(orp, stream, pdl), "launch of the two-shot owners' reduce");
         cp.wait_predecessor = false;
         // The consumer after them streams only where streaming_min_rows asks (with no roles).
       }
@@ -373,10 +370,11 @@ struct AllReduceMHC::Impl {
       }
       MHCCL_NCCL(ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size),
                                ncclBfloat16, ncclSum, c.comm, stream));
+      launched = true;
       input = ConsumerInput::kDirect;
       cp.in = fallback_rows;
     }
-    launched(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl), "launch of the consumer");
+    launch(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl), "launch of the consumer");
   }
 };
 
@@ -385,7 +383,7 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   Impl& im = *impl_;
   im.comm = comm.impl();
   Communicator::Impl& c = *im.comm;
-  c.check();
+  c.check_for_construction("AllReduceMHC");
   // This rank's configuration, checked and resolved; an error waits for the agreement below, so
   // that every rank throws (a rank leaving alone would leave its peers in the collective).
   std::exception_ptr local_error;
@@ -428,17 +426,16 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
-    im.ll_mailbox = comm.alloc_symmetric(
-        static_cast<size_t>(kernels::kGenerations * c.tp * im.ll_rows * row_bytes),
-        kernels::kBf16SentinelPair);
+    // Each mailbox: its rows and the call headers beside them (kernels/params.h, mailbox_bytes).
+    im.ll_mailbox = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(c.tp, im.ll_rows, im.np)),
+                                         kernels::kBf16SentinelPair);
     im.bt_built = cap >= lo;
     if (im.bt_built) {
       im.owner_rows = (cap + c.tp - 1) / c.tp;
-      im.bt_mailbox = comm.alloc_symmetric(
-          static_cast<size_t>(kernels::kGenerations * c.tp * im.owner_rows * row_bytes),
-          kernels::kBf16SentinelPair);
-      im.bt_reduced = comm.alloc_symmetric(
-          static_cast<size_t>(kernels::kGenerations * cap * row_bytes), kernels::kBf16SentinelPair);
+      im.bt_mailbox = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(c.tp, im.owner_rows, im.np)),
+                                           kernels::kBf16SentinelPair);
+      im.bt_reduced = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(1, cap, im.np)),
+                                           kernels::kBf16SentinelPair);
     }
     if (cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows)) {  // the automatic choice takes NCCL
       MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
@@ -454,15 +451,21 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
 AllReduceMHC::~AllReduceMHC() = default;
 
 void AllReduceMHC::call(const AllReduceMHCCallArgs& args, cudaStream_t stream) {
-  impl_->comm->check();
-  const int64_t m = check_all_reduce_mhc_call(impl_->cfg, impl_->comm->device, args);
-  impl_->run(args.x, nullptr, args.epilogue, args.protocol, m, stream);
+  Impl& im = *impl_;
+  im.comm->guarded_call("AllReduceMHC.call", [&](bool& launched) {
+    im.comm->check();
+    const int64_t m = check_all_reduce_mhc_call(im.cfg, im.comm->device, args);
+    im.run(args.x, nullptr, args.epilogue, args.protocol, m, stream, launched);
+  });
 }
 
 void AllReduceMHC::finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream) {
-  impl_->comm->check();
-  const int64_t m = check_all_reduce_mhc_finalize(impl_->cfg, impl_->comm->device, args);
-  impl_->run(nullptr, &args, args.epilogue, args.protocol, m, stream);
+  Impl& im = *impl_;
+  im.comm->guarded_call("AllReduceMHC.finalize", [&](bool& launched) {
+    im.comm->check();
+    const int64_t m = check_all_reduce_mhc_finalize(im.cfg, im.comm->device, args);
+    im.run(nullptr, &args, args.epilogue, args.protocol, m, stream, launched);
+  });
 }
 
 Protocol AllReduceMHC::protocol_for(int64_t m, bool finalize) const {

@@ -141,14 +141,7 @@ void fp8_group_quantize(const uint16_t* in, int64_t m, int64_t h, bool ue8m0, ui
 }
 
 void all_gather(const std::vector<const uint8_t*>& xs, int64_t bytes, uint8_t* out) {
-  for (size_t r = 0; r < xs.size(); ++r) {
-    for (int64_t i = 0; i < bytes; i += 4) {
-      uint32_t w;
-      std::memcpy(&w, xs[r] + i, 4);
-      if (w == 0x80000000u) w = 0;
-      std::memcpy(out + r * bytes + i, &w, 4);
-    }
-  }
+  for (size_t r = 0; r < xs.size(); ++r) std::memcpy(out + r * bytes, xs[r], static_cast<size_t>(bytes));
 }
 
 double bf16_ulp_distance(uint16_t got, double want) {

@@ -90,7 +90,8 @@ TEST_F(ErrorRecords, NothingRecordedNothingThrown) {
 // next op call throws kPeerTimeout naming the rank that timed out and the one it waited for, and
 // the communicator is unusable from then on.
 TEST_F(ErrorRecords, PeerFaultNamesTheRankThatTimedOut) {
-  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, /*timed out*/ 1, /*waited for*/ 0);
+  // The record of a fault seen: the rank that raised it, and its fault word (record_fault).
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, /*timed out*/ 1, kernels::fault_word(1, 0));
   EXPECT_TRUE(im.peer_failed());
   try {
     im.check(false);
@@ -98,17 +99,84 @@ TEST_F(ErrorRecords, PeerFaultNamesTheRankThatTimedOut) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
     EXPECT_NE(std::string(e.what()).find("rank 1 waited for rank 0"), std::string::npos) << e.what();
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.op(), "AllReduceMHC.finalize");
   }
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
-TEST(FaultWord, EncodesTheTimedOutRankAndThePeerItWaitedFor) {
+// A divergence this rank found (kDivergence, both identities in the record): kDivergence naming
+// the peer and both identities; unusable from then on.
+TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
+  records[kernels::kTimeoutRecord].call = 12;
+  records[kernels::kTimeoutRecord].mine =
+      kernels::with_generation(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64, 2), 2);
+  records[kernels::kTimeoutRecord].theirs =
+      kernels::with_generation(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64, 3), 2);
+  EXPECT_TRUE(im.peer_failed());
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no divergence reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("after 2 rejected calls"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("after 3 rejected calls"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("call 12"), std::string::npos) << msg;
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.call_index(), 12);
+  }
+  EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
+}
+
+// A divergence another rank found, seen here as its fault: kDivergence naming that rank.
+TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 3, kernels::fault_word(3, 0, true));
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no fault reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
+    EXPECT_NE(std::string(e.what()).find("rank 3 found that rank 0's contribution"), std::string::npos) << e.what();
+  }
+}
+
+// guarded_call (every op call): a call rejected before anything went out counts once on this
+// rank and leaves it usable; one that failed after a launch makes the communicator unusable.
+TEST_F(ErrorRecords, RejectedCallsCountAndFailuresAfterALaunchAreFatal) {
+  EXPECT_EQ(im.rejected, 0u);
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool&) { throw Error(ErrorCode::kInvalidArgument, "x"); }), Error);
+    EXPECT_EQ(im.rejected, static_cast<uint32_t>(i));
+    EXPECT_FALSE(im.unusable);
+  }
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool&) { throw std::bad_alloc(); }), std::bad_alloc);
+  EXPECT_EQ(im.rejected, 4u);
+  im.guarded_call("AllReduceMHC.call", [](bool& launched) { launched = true; });  // a call that went through
+  EXPECT_EQ(im.rejected, 4u);
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool& launched) {
+                 launched = true;
+                 throw Error(ErrorCode::kCuda, "launch of the consumer failed");
+               }),
+               Error);
+  EXPECT_EQ(im.rejected, 4u);
+  EXPECT_TRUE(im.unusable);
+  EXPECT_NE(im.unusable_reason.find("after its first launch"), std::string::npos) << im.unusable_reason;
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+
+TEST(FaultWord, EncodesTheRaisingRankThePeerAndTheKind) {
   for (int a = 0; a < kernels::kMaxTp; ++a) {
     for (int b = 0; b < kernels::kMaxTp; ++b) {
-      const uint32_t w = kernels::fault_word(a, b);
-      EXPECT_NE(w, 0u);  // 0 means "no fault"
-      EXPECT_EQ(kernels::fault_timed_out_rank(w), a);
-      EXPECT_EQ(kernels::fault_waited_for(w), b);
+      for (const bool divergence : {false, true}) {
+        const uint32_t w = kernels::fault_word(a, b, divergence);
+        EXPECT_NE(w, 0u);  // 0 means "no fault"
+        EXPECT_EQ(kernels::fault_timed_out_rank(w), a);
+        EXPECT_EQ(kernels::fault_waited_for(w), b);
+        EXPECT_EQ(kernels::fault_is_divergence(w), divergence);
+      }
     }
   }
 }

@@ -155,13 +155,15 @@ TEST(Reference, NormReadsTheCollapseRoundedToBf16) {
   EXPECT_GT(differ, 0);
 }
 
-TEST(Reference, AllGatherTurnsSentinelWordsIntoZero) {
+TEST(Reference, AllGatherKeepsEveryWord) {
+  // The Lamport sentinel 0x80000000 (FP32 -0.0, int32 INT32_MIN, UE8M0 bytes [2^-127 x 3, 2^1])
+  // and the marker 0x80000001 arrive as sent (SPEC.md, changed 2026-12-01).
   std::vector<uint32_t> a = {1, 0x80000000u, 0x7F800000u, 0x80000001u};
   std::vector<uint32_t> b = {0x80000000u, 2, 3, 4};
   std::vector<uint32_t> out(8);
   reference::all_gather({reinterpret_cast<uint8_t*>(a.data()), reinterpret_cast<uint8_t*>(b.data())},
                         16, reinterpret_cast<uint8_t*>(out.data()));
-  const std::vector<uint32_t> want = {1, 0, 0x7F800000u, 0x80000001u, 0, 2, 3, 4};
+  const std::vector<uint32_t> want = {1, 0x80000000u, 0x7F800000u, 0x80000001u, 0x80000000u, 2, 3, 4};
   EXPECT_EQ(out, want);
 }
 

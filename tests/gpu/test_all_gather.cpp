@@ -88,6 +88,50 @@ TEST_P(AllGather, SentinelWordsAndNegativeZero) {
   check_call(ag, in, "mixed");
 }
 
+// Every word arrives as sent (SPEC.md, changed 2026-12-01): int32 INT32_MIN, the marker
+// 0x80000001 the encoding uses, packs mixing both with data in every lane position, UE8M0 scale
+// bytes [2^-127, 2^-127, 2^-127, 2^1] (the word 0x80000000), and every byte pattern of a word.
+TEST_P(AllGather, EveryWordArrivesAsSent) {
+  MHCCL_REQUIRE_TP(tp());
+  LamportAllGather ag(comm(), kCapacity);
+  const uint32_t kS = 0x80000000u, kMarker = 0x80000001u;
+  auto fill = [&](uint64_t seed, int64_t bytes, auto word_at) {
+    std::vector<std::vector<uint8_t>> in(tp(), std::vector<uint8_t>(static_cast<size_t>(bytes)));
+    for (int r = 0; r < tp(); ++r) {
+      std::mt19937_64 rng(seed * 31 + r);
+      for (int64_t i = 0; i < bytes / 4; ++i) {
+        const uint32_t w = word_at(r, i, rng);
+        std::memcpy(in[r].data() + 4 * i, &w, 4);
+      }
+    }
+    return in;
+  };
+  check_call(ag, fill(1, 4096, [&](int, int64_t, auto&) { return kS; }), "every word INT32_MIN");
+  check_call(ag, fill(2, 4096, [&](int, int64_t, auto&) { return kMarker; }), "every word 0x80000001");
+  check_call(ag, fill(3, 4096, [&](int r, int64_t i, auto&) { return (i + r) % 2 ? kS : kMarker; }),
+             "sentinel and marker alternating");
+  // Each lane of a pack independently the sentinel, the marker or random data: all 81 patterns
+  // of a pack's 4 lanes, at every rank.
+  check_call(ag, fill(4, 81 * 16, [&](int r, int64_t i, auto& rng) {
+               int code = static_cast<int>(i / 4);
+               for (int l = 0; l < i % 4; ++l) code /= 3;
+               code = (code + r) % 3;
+               return code == 0 ? kS : code == 1 ? kMarker : static_cast<uint32_t>(rng());
+             }),
+             "every lane pattern");
+  // UE8M0 bytes: 2^-127 is 0x00, 2^1 is 0x80; a group [2^-127, 2^-127, 2^-127, 2^1] is the word
+  // 0x80000000 (little-endian).
+  check_call(ag, fill(5, 1 << 16, [&](int, int64_t i, auto& rng) {
+               return i % 7 == 0 ? kS : static_cast<uint32_t>(rng() % 2 ? 0x7F7F7F7Fu : rng());
+             }),
+             "UE8M0 scale bytes");
+  check_call(ag, fill(6, 1 << 16, [&](int, int64_t, auto& rng) {
+               const uint32_t w = static_cast<uint32_t>(rng());
+               return rng() % 5 == 0 ? (w | 1u) == kMarker ? w : kS : w;
+             }),
+             "random words, a fifth of them the sentinel");
+}
+
 TEST_P(AllGather, ThousandCallsWithoutHostSync) {
   MHCCL_REQUIRE_TP(tp());
   LamportAllGather ag(comm(), kCapacity);

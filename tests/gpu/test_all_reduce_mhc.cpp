@@ -658,11 +658,15 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
     std::vector<Desc> keep;
     keep.reserve(4);
     k.mutate(a, f, keep);
+    const uint32_t counted = comm().rejected_calls();
     if (k.finalize) {
       EXPECT_THROW(op.finalize(f, env().stream), Error) << k.what;
     } else {
       EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
     }
+    // Counted once (the call identity carries the count: every rank rejected it alike here, so
+    // the next call's identities agree and it runs: PROTOCOL.md, I19).
+    EXPECT_EQ(comm().rejected_calls(), counted + 1) << k.what;
     ++rejected;
     run(op, b, testing::make_problem(seed++, 8, 5120, 4, tp(), true), qv(), Protocol::kAuto, "after");
   }

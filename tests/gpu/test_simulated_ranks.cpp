@@ -44,12 +44,14 @@ const char* path_name(Path p) {
   return p == Path::kPhased ? "phased" : p == Path::kStreaming ? "streaming" : "single launch";
 }
 
+// One simulated rank of an AllReduceMHC: its mailboxes (rows and call headers, sized as the
+// library sizes them: kernels/params.h, mailbox_bytes), states, call buffers and stream.
 struct SimRank {
   SimRank(int64_t cap, int64_t h, int hc, int tp)
       : buf(cap, h, hc, 6),
-        ll(static_cast<size_t>(kGenerations * tp * cap * h * 2)),
-        bt(static_cast<size_t>(kGenerations * tp * ((cap + tp - 1) / tp) * h * 2)),
-        red(static_cast<size_t>(kGenerations * cap * h * 2)),
+        ll(static_cast<size_t>(mailbox_bytes(tp, cap, static_cast<int>(h / 8)))),
+        bt(static_cast<size_t>(mailbox_bytes(tp, (cap + tp - 1) / tp, static_cast<int>(h / 8)))),
+        red(static_cast<size_t>(mailbox_bytes(1, cap, static_cast<int>(h / 8)))),
         states(2 * sizeof(LamportState)) {
     for (const DeviceBuffer* b : {&ll, &bt, &red}) {
       MHCCL_TEST_CUDA(launch_fill_u32(b->get(), b->bytes() / 4, kBf16SentinelPair, nullptr));
@@ -125,9 +127,11 @@ RowTiling variant_tiling(int np, int64_t m, int hc, Variant v) {
 // buffers; the path's launch shape is set by the caller.
 // `bufs`: the rank's call buffers where they are not its own (the concurrent tests keep one set
 // a call, since no call's outputs are read before every call ran).
+// `rejected`: the rank's count of rejected calls, which the call's identity carries (as the
+// host's Communicator::Impl::rejected).
 void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Problem& p, Variant v, bool two_shot,
                   const ErrorSink& err, PublishParams& pp, OwnerReduceParams& orp, ConsumerParams& cp,
-                  CallBuffers* bufs = nullptr) {
+                  CallBuffers* bufs = nullptr, uint32_t rejected = 0) {
   const int tp = static_cast<int>(ranks.size());
   const int64_t m = p.m, kCap = ranks[0]->buf.rows;
   const int kHc = p.hc;
@@ -160,6 +164,8 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
   cp.np = np;
   cp.tiling = variant_tiling(np, m, kHc, v);
   cp.err = err;
+  cp.id = make_call_identity(fin ? kOpAllReduceFinalize : kOpAllReduceCall, two_shot ? kProtoTwoShotOwner : kProtoOneShot,
+                             static_cast<uint32_t>(consumer_variant(v)), static_cast<uint64_t>(m), rejected);
   cp.tp = tp;
   cp.rank = r;
   cp.wait_predecessor = true;
@@ -180,6 +186,7 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
   pp.tp = tp;
   pp.rank = r;
   pp.err = err;
+  pp.id = cp.id;
   LamportState* states = k.states.as<LamportState>();
   if (!two_shot) {
     pp.dest = PublishDest::kAllRanks;
@@ -208,6 +215,7 @@ void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Pro
     orp.tiling = cp.tiling;
     orp.state = &states[1];
     orp.err = err;
+    orp.id = cp.id;
     cp.in = k.red.get();
     cp.contributions = k.bt.get();
     cp.owner_rows = owner_rows;
@@ -375,8 +383,10 @@ TEST(SimulatedRanksTimeout, StreamingWaitExpiresNamingThePeer) {
   }
 }
 
-// The all-gather at tp ranks on one GPU: every size class, 0x80000000 words (they arrive as 0),
-// up to 9 calls in a row so that every generation's slots are used and reset at least twice.
+// The all-gather at tp ranks on one GPU: every size class, words equal to the sentinel
+// 0x80000000 and to the marker 0x80000001 in every lane position (every word arrives as sent:
+// the escape words), up to 9 calls in a row so that every generation's slots are used and reset
+// at least twice.
 TEST_P(SimulatedRanks, AllGatherAgainstReference) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
@@ -388,7 +398,7 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
   };
   std::vector<Rank> ranks(tp);
   for (Rank& k : ranks) {
-    k.mailbox = DeviceBuffer(static_cast<size_t>(kGenerations * tp * kCap));
+    k.mailbox = DeviceBuffer(static_cast<size_t>(all_gather_mailbox_bytes(tp, kCap / 16)));
     MHCCL_TEST_CUDA(launch_fill_u32(k.mailbox.get(), k.mailbox.bytes() / 4, kWordSentinel, nullptr));
     k.state = DeviceBuffer(sizeof(LamportState));
     MHCCL_TEST_CUDA(cudaMemset(k.state.get(), 0, sizeof(LamportState)));
@@ -410,8 +420,11 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
     std::vector<uint32_t> want(static_cast<size_t>(bytes / 4 * tp));
     for (int r = 0; r < tp; ++r) {
       for (auto& w : in[r]) w = static_cast<uint32_t>(rng());
-      for (int i = 0; i < 3; ++i) in[r][rng() % in[r].size()] = rng() % 2 ? kWordSentinel : 0x80000001u;
-      for (size_t i = 0; i < in[r].size(); ++i) want[r * in[r].size() + i] = in[r][i] == kWordSentinel ? 0u : in[r][i];
+      // A tenth of the words (and at least 3) the sentinel or the marker.
+      for (size_t i = 0; i < std::max<size_t>(3, in[r].size() / 10); ++i) {
+        in[r][rng() % in[r].size()] = rng() % 2 ? kWordSentinel : kWordMarker;
+      }
+      for (size_t i = 0; i < in[r].size(); ++i) want[r * in[r].size() + i] = in[r][i];
       ranks[r].in.upload(in[r]);
       MHCCL_TEST_CUDA(cudaMemset(ranks[r].out.get(), 0xA5, static_cast<size_t>(bytes * tp)));
     }
@@ -426,6 +439,7 @@ TEST_P(SimulatedRanks, AllGatherAgainstReference) {
       p.capacity_packs = kCap / 16;
       p.state = ranks[r].state.as<LamportState>();
       p.err = errors.sink;
+      p.id = make_call_identity(kOpAllGather, kProtoAllGather, 0, static_cast<uint64_t>(p.packs), 0);
       for (int k = 0; k < tp; ++k) p.mailboxes[k] = ranks[(r + k) % tp].mailbox.get();
       MHCCL_TEST_CUDA(launch_all_gather(p, ranks[r].stream, true));
     }
@@ -471,13 +485,27 @@ const char* kind_name(Kind k) {
 }
 bool kind_two_shot(Kind k) { return k == Kind::kTwoShot || k == Kind::kStreamTwoShot; }
 
-struct ConcurrentGroup {
-  ConcurrentGroup(int tp_, int64_t cap, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
-    for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(cap, kH, kHc, tp));
+// The error sinks and fault words of R simulated ranks: one communicator's. Ops of the same
+// communicator (ConcurrentGroup's `comm`) share them, as the library's ops share their
+// communicator's records and fault window.
+struct SimCommunicator {
+  SimCommunicator(int tp_, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
     for (int r = 0; r < tp; ++r) sinks.push_back(std::make_unique<RankSink>(timeout_ns, r, tp, table.as<uint32_t*>()));
     std::vector<uint32_t*> words;
     for (auto& k : sinks) words.push_back(k->sink.fault);
     MHCCL_TEST_CUDA(cudaMemcpy(table.get(), words.data(), words.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+  int tp;
+  DeviceBuffer table;
+  std::vector<std::unique_ptr<RankSink>> sinks;
+};
+
+struct ConcurrentGroup {
+  ConcurrentGroup(int tp_, int64_t cap, uint64_t timeout_ns) : ConcurrentGroup(std::make_shared<SimCommunicator>(tp_, timeout_ns), cap) {}
+  // A second op on the same simulated communicator: its own mailboxes and states, the same
+  // records and fault words.
+  ConcurrentGroup(std::shared_ptr<SimCommunicator> c, int64_t cap) : tp(c->tp), comm(std::move(c)), sinks(comm->sinks) {
+    for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(cap, kH, kHc, tp));
     const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
     for (const bool two_shot : {false, true}) {
       resident[two_shot] = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, ConsumerVariant::kPlain,
@@ -491,10 +519,12 @@ struct ConcurrentGroup {
   static constexpr int64_t kH = 5120;
   static constexpr int kHc = 4;
   int tp;
-  DeviceBuffer table;
+  std::shared_ptr<SimCommunicator> comm;
+  std::vector<std::unique_ptr<RankSink>>& sinks;
   std::vector<std::unique_ptr<SimRank>> ranks;
-  std::vector<std::unique_ptr<RankSink>> sinks;
   int resident[2] = {0, 0};
+  // Each rank's count of rejected calls (its calls' identities carry it).
+  std::vector<uint32_t> rejected = std::vector<uint32_t>(kMaxTp, 0);
   // PDL at TP=2 only: a dependent grid launched early holds its SMs while it waits in
   // griddepcontrol.wait, and with four ranks' grids (clusters of 5 CTAs among them) on one GPU
   // that starved a peer's kernel of SMs (session 6 run 2: 10 s timeouts at TP=4 only, in calls
@@ -507,7 +537,7 @@ struct ConcurrentGroup {
     PublishParams pp;
     OwnerReduceParams orp;
     ConsumerParams cp;
-    build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b);
+    build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b, rejected[r]);
     const ConsumerVariant cv = v == Variant::kPlain ? ConsumerVariant::kPlain
                                : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
                                                       : ConsumerVariant::kResidualOnly;
@@ -717,7 +747,9 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
         } else {
           ASSERT_EQ(t.code, static_cast<uint32_t>(kPeerFault)) << what << ": rank " << r;
           EXPECT_NE(t.peer, stalled) << what << ": rank " << r << " names the stalled rank as the one that timed out";
-          EXPECT_EQ(t.value, stalled) << what << ": rank " << r << ": the fault names rank " << t.value;
+          EXPECT_FALSE(fault_is_divergence(static_cast<uint32_t>(t.value))) << what << ": rank " << r;
+          EXPECT_EQ(fault_waited_for(static_cast<uint32_t>(t.value)), stalled)
+              << what << ": rank " << r << ": the fault names rank " << fault_waited_for(static_cast<uint32_t>(t.value));
         }
         EXPECT_NE(g.sinks[r]->fault(), 0u) << what << ": rank " << r << "'s fault word";
         EXPECT_LE(t.call, static_cast<uint32_t>(kStallCall + 1)) << what << ": rank " << r << " ran on to call " << t.call;
@@ -731,6 +763,390 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
       EXPECT_GE(timed_out, 1) << what << ": no rank recorded the timeout itself";
       for (cudaGraphExec_t e : execs) {
         if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
+      }
+    }
+  }
+}
+
+// --- Ranks that diverge (PROTOCOL.md, I19) -------------------------------------------------------
+// Every rank's contribution carries the call's identity, and every consumer checks its peers'
+// against its own: ranks whose calls no longer pair get an error, never a wrong value.
+enum class Divergence {
+  kRejectedOnOneRank,    // the last rank's call 3 is rejected (it makes no call; its count goes up)
+  kRejectedOnEveryRank,  // call 3 is rejected on every rank alike: no error, every other call right
+  kOtherM,               // the last rank calls 3 with another M
+  kFinalizeAgainstCall,  // the last rank's call 3 is finalize where the others' is call (or the reverse)
+};
+const char* divergence_name(Divergence d) {
+  switch (d) {
+    case Divergence::kRejectedOnOneRank: return "rejected on one rank";
+    case Divergence::kRejectedOnEveryRank: return "rejected on every rank";
+    case Divergence::kOtherM: return "another M on one rank";
+    case Divergence::kFinalizeAgainstCall: return "call against finalize";
+  }
+  return "?";
+}
+
+// One rank's part of a divergence scenario: the calls it makes, each with its problem and
+// buffers, and the index of the caller's call each one is.
+struct RankPlan {
+  std::vector<Problem> problems;
+  std::vector<Variant> variants;
+  std::vector<int> caller_call;
+  std::vector<std::unique_ptr<CallBuffers>> bufs;
+  std::vector<bool> rejected_before;  // the rank's count goes up before this call (its previous one was rejected)
+};
+
+// `calls` calls of `kind` on every rank with the same problems, but for the divergence at call
+// `at` on the last rank (or every rank), enqueued without host sync (or captured into a graph a
+// rank and replayed). Asserted: kRejectedOnEveryRank: no error, every call right. Otherwise: no
+// wait reaches its budget (the identity check finds the divergence: no timeout), every rank
+// records an error at the divergent call or the next, a divergence found on at least one rank
+// (the others may see its fault first), every rank's calls before its recorded one right, and
+// nothing hangs.
+void run_divergence(int tp, Kind kind, Divergence d, bool graph, int calls, int at) {
+  constexpr uint64_t kBudgetNs = 10'000'000'000ull;  // 10 s: an expiry here is a failure to see the divergence
+  ConcurrentGroup g(tp, 128, kBudgetNs);
+  const int odd = tp - 1;
+  std::mt19937_64 rng(41000 + tp * 100 + static_cast<int>(kind) * 10 + static_cast<int>(d));
+  std::vector<RankPlan> plans(tp);
+  for (int c = 0; c < calls; ++c) {
+    const bool fin = c % 2;
+    const Variant v = static_cast<Variant>(c % 3);
+    const int64_t m = rows_for(kind, rng());
+    const Problem p = testing::make_problem(rng(), m, ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, fin);
+    for (int r = 0; r < tp; ++r) {
+      RankPlan& rp = plans[r];
+      const bool diverges = c == at && (r == odd || d == Divergence::kRejectedOnEveryRank);
+      if (diverges && (d == Divergence::kRejectedOnOneRank || d == Divergence::kRejectedOnEveryRank)) {
+        rp.rejected_before.resize(rp.problems.size() + 1, false);
+        rp.rejected_before[rp.problems.size()] = true;  // the next call this rank makes counts one more
+        continue;
+      }
+      Problem mine = p;
+      if (diverges && d == Divergence::kOtherM) {
+        mine = testing::make_problem(rng(), m == rows_for(kind, 0) ? rows_for(kind, 1) : rows_for(kind, 0),
+                                     ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, fin);
+      } else if (diverges && d == Divergence::kFinalizeAgainstCall) {
+        mine = testing::make_problem(rng(), m, ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, !fin);
+      }
+      rp.problems.push_back(mine);
+      rp.variants.push_back(v);
+      rp.caller_call.push_back(c);
+      rp.bufs.push_back(std::make_unique<CallBuffers>(mine.m, ConcurrentGroup::kH, ConcurrentGroup::kHc, 6));
+      testing::upload(mine, r, *rp.bufs.back());
+    }
+  }
+  for (RankPlan& rp : plans) rp.rejected_before.resize(rp.problems.size() + 1, false);
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  const std::string what = std::string(divergence_name(d)) + ", " + kind_name(kind) + (graph ? " (graph)" : " (eager)") +
+                           " tp=" + std::to_string(tp);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<cudaGraphExec_t> execs(tp, nullptr);
+  for (int r = 0; r < tp; ++r) {
+    cudaStream_t st = g.ranks[r]->stream;
+    cudaGraph_t cg;
+    if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    RankPlan& rp = plans[r];
+    for (size_t i = 0; i < rp.problems.size(); ++i) {
+      if (rp.rejected_before[i]) ++g.rejected[r];
+      g.launch(r, kind, rp.problems[i], rp.variants[i], *rp.bufs[i]);
+    }
+    if (rp.rejected_before[rp.problems.size()]) ++g.rejected[r];
+    if (graph) {
+      MHCCL_TEST_CUDA(cudaStreamEndCapture(st, &cg));
+      MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
+      MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
+    }
+  }
+  if (graph) {
+    for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], g.ranks[r]->stream));
+  }
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 5.0) << what;
+  for (cudaGraphExec_t e : execs) {
+    if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
+  }
+  int found = 0;
+  for (int r = 0; r < tp; ++r) {
+    const RankPlan& rp = plans[r];
+    const ErrorRecord t = g.sinks[r]->timeout();
+    if (d == Divergence::kRejectedOnEveryRank) {
+      EXPECT_EQ(t.ready, 0u) << what << ": rank " << r << " recorded code " << t.code << " at call " << t.call;
+      EXPECT_EQ(g.sinks[r]->fault(), 0u) << what << ": rank " << r;
+      EXPECT_EQ(rp.problems.size(), static_cast<size_t>(calls - 1));
+      for (size_t i = 0; i < rp.problems.size(); ++i) {
+        EXPECT_EQ(testing::check(rp.problems[i], rp.variants[i], testing::download(rp.problems[i], rp.variants[i], *rp.bufs[i])), "")
+            << what << ": rank " << r << " call " << rp.caller_call[i];
+      }
+      continue;
+    }
+    ASSERT_EQ(t.ready, 1u) << what << ": rank " << r << " recorded no error";
+    EXPECT_NE(t.code, static_cast<uint32_t>(kWaitTimeout)) << what << ": rank " << r << " timed out waiting for rank " << t.peer;
+    if (t.code == kDivergence) {
+      ++found;
+      EXPECT_GE(t.peer, 0);
+      EXPECT_LT(t.peer, tp);
+      EXPECT_NE(t.peer, r) << what;
+      EXPECT_FALSE(identity_equal(t.mine, t.theirs)) << what << ": rank " << r;
+      if (d == Divergence::kRejectedOnOneRank) {
+        EXPECT_NE(identity_rejected(t.mine), identity_rejected(t.theirs)) << what << ": rank " << r;
+      } else if (d == Divergence::kOtherM) {
+        EXPECT_NE(identity_size(t.mine), identity_size(t.theirs)) << what << ": rank " << r;
+      } else {
+        EXPECT_NE(identity_op(t.mine), identity_op(t.theirs)) << what << ": rank " << r;
+      }
+    } else {
+      ASSERT_EQ(t.code, static_cast<uint32_t>(kPeerFault)) << what << ": rank " << r;
+      EXPECT_TRUE(fault_is_divergence(static_cast<uint32_t>(t.value))) << what << ": rank " << r;
+    }
+    EXPECT_NE(g.sinks[r]->fault(), 0u) << what << ": rank " << r << "'s fault word";
+    // At the divergent call or the next (this rank's own count of calls of the protocol).
+    size_t first_divergent = rp.problems.size();
+    for (size_t i = 0; i < rp.problems.size(); ++i) {
+      if (rp.caller_call[i] >= at) {
+        first_divergent = i;
+        break;
+      }
+    }
+    EXPECT_LE(t.call, first_divergent + 1) << what << ": rank " << r << " ran on to call " << t.call;
+    // No wrong value before the first error.
+    for (size_t i = 0; i < t.call && i < rp.problems.size(); ++i) {
+      EXPECT_EQ(testing::check(rp.problems[i], rp.variants[i], testing::download(rp.problems[i], rp.variants[i], *rp.bufs[i])), "")
+          << what << ": rank " << r << " call " << rp.caller_call[i] << " (its error is in call " << t.call << ")";
+    }
+  }
+  if (d != Divergence::kRejectedOnEveryRank) EXPECT_GE(found, 1) << what << ": no rank recorded the divergence itself";
+}
+
+TEST_P(ConcurrentRanks, DivergentCallsGetAnErrorNeverAWrongValue) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  for (const Divergence d : {Divergence::kRejectedOnOneRank, Divergence::kRejectedOnEveryRank, Divergence::kOtherM,
+                             Divergence::kFinalizeAgainstCall}) {
+    for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+      for (const bool graph : {false, true}) {
+        run_divergence(tp, kind, d, graph, d == Divergence::kRejectedOnEveryRank ? 14 : 8, 3);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The all-gather's simulated ranks on a simulated communicator (the fault words and records of
+// `comm`).
+struct SimAllGather {
+  SimAllGather(std::shared_ptr<SimCommunicator> c, int64_t cap) : comm(std::move(c)), capacity(cap) {
+    for (int r = 0; r < comm->tp; ++r) {
+      ranks.emplace_back();
+      Rank& k = ranks.back();
+      k.mailbox = DeviceBuffer(static_cast<size_t>(all_gather_mailbox_bytes(comm->tp, cap / 16)));
+      MHCCL_TEST_CUDA(launch_fill_u32(k.mailbox.get(), k.mailbox.bytes() / 4, kWordSentinel, nullptr));
+      k.state = DeviceBuffer(sizeof(LamportState));
+      MHCCL_TEST_CUDA(cudaMemset(k.state.get(), 0, sizeof(LamportState)));
+    }
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  }
+  // Enqueues rank r's all-gather of `bytes` from `in` into `out` on `stream`.
+  void launch(int r, const void* in, void* out, int64_t bytes, uint32_t rejected, cudaStream_t stream) {
+    AllGatherParams p = {};
+    p.in = in;
+    p.out = out;
+    p.tp = comm->tp;
+    p.rank = r;
+    p.packs = bytes / 16;
+    p.capacity_packs = capacity / 16;
+    p.state = ranks[r].state.as<LamportState>();
+    p.err = comm->sinks[r]->sink;
+    p.err.op = kOpAllGather;
+    p.id = make_call_identity(kOpAllGather, kProtoAllGather, 0, static_cast<uint64_t>(p.packs), rejected);
+    for (int k = 0; k < comm->tp; ++k) p.mailboxes[k] = ranks[(r + k) % comm->tp].mailbox.get();
+    MHCCL_TEST_CUDA(launch_all_gather(p, stream, true));
+  }
+  struct Rank {
+    DeviceBuffer mailbox, state;
+  };
+  std::shared_ptr<SimCommunicator> comm;
+  int64_t capacity;
+  std::vector<Rank> ranks;
+};
+
+// Whether every 32-bit word of `b` is `word`.
+bool all_words(const DeviceBuffer& b, uint32_t word) {
+  std::vector<uint32_t> h(b.bytes() / 4);
+  MHCCL_TEST_CUDA(cudaMemcpy(h.data(), b.get(), h.size() * 4, cudaMemcpyDeviceToHost));
+  return std::all_of(h.begin(), h.end(), [&](uint32_t w) { return w == word; });
+}
+
+// All-gathers that diverge: the last rank's call 2 of 6 rejected (or of another size): every
+// rank records an error at that call or the next, every gather before it is right (bit for bit:
+// the inputs hold sentinel and marker words), and nothing hangs.
+TEST_P(ConcurrentRanks, DivergentAllGathersGetAnError) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  constexpr int64_t kCap = 1 << 16;
+  constexpr int kCalls = 6, kAt = 2;
+  for (const bool other_size : {false, true}) {
+    auto comm = std::make_shared<SimCommunicator>(tp, 10'000'000'000ull);
+    SimAllGather ag(comm, kCap);
+    std::vector<cudaStream_t> streams(tp);
+    for (auto& st : streams) MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::mt19937_64 rng(43000 + tp + 10 * other_size);
+    // Inputs of every call on every rank, bytes of each.
+    std::vector<int64_t> bytes(kCalls);
+    std::vector<std::vector<std::vector<uint32_t>>> in(kCalls, std::vector<std::vector<uint32_t>>(tp));
+    std::vector<std::vector<DeviceBuffer>> d_in(kCalls), d_out(kCalls);
+    for (int c = 0; c < kCalls; ++c) {
+      bytes[c] = 16 * (1 + static_cast<int64_t>(rng() % 512));
+      for (int r = 0; r < tp; ++r) {
+        in[c][r].resize(static_cast<size_t>(bytes[c] / 4));
+        for (auto& w : in[c][r]) w = rng() % 4 == 0 ? (rng() % 2 ? kWordSentinel : kWordMarker) : static_cast<uint32_t>(rng());
+        d_in[c].emplace_back(static_cast<size_t>(kCap));
+        d_in[c].back().upload(in[c][r]);
+        d_out[c].emplace_back(static_cast<size_t>(kCap * tp));
+        d_out[c].back().poison();
+      }
+    }
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < tp; ++r) {
+      uint32_t rejected = 0;
+      for (int c = 0; c < kCalls; ++c) {
+        int64_t b = bytes[c];
+        if (r == tp - 1 && c == kAt) {
+          if (!other_size) {
+            ++rejected;
+            continue;
+          }
+          b = bytes[c] == 16 ? 32 : bytes[c] - 16;
+        }
+        ag.launch(r, d_in[c][r].get(), d_out[c][r].get(), b, rejected, streams[r]);
+      }
+    }
+    MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string what = std::string(other_size ? "another size" : "rejected on one rank") + " tp=" + std::to_string(tp);
+    EXPECT_LT(secs, 5.0) << what;
+    int found = 0;
+    for (int r = 0; r < tp; ++r) {
+      const ErrorRecord t = comm->sinks[r]->timeout();
+      ASSERT_EQ(t.ready, 1u) << what << ": rank " << r << " recorded no error";
+      EXPECT_NE(t.code, static_cast<uint32_t>(kWaitTimeout)) << what << ": rank " << r;
+      if (t.code == kDivergence) {
+        ++found;
+        EXPECT_EQ(t.protocol, static_cast<uint32_t>(kProtoAllGather));
+      } else {
+        EXPECT_EQ(t.code, static_cast<uint32_t>(kPeerFault)) << what << ": rank " << r;
+      }
+      EXPECT_LE(t.call, static_cast<uint32_t>(kAt + 1)) << what << ": rank " << r;
+      for (uint32_t c = 0; c < t.call && c < static_cast<uint32_t>(kAt); ++c) {
+        std::vector<uint32_t> got(static_cast<size_t>(bytes[c] / 4 * tp)), want;
+        for (int q = 0; q < tp; ++q) want.insert(want.end(), in[c][q].begin(), in[c][q].end());
+        MHCCL_TEST_CUDA(cudaMemcpy(got.data(), d_out[c][r].get(), got.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(got == want) << what << ": rank " << r << " gather " << c;
+      }
+    }
+    EXPECT_GE(found, 1) << what;
+    for (auto& st : streams) cudaStreamDestroy(st);
+  }
+}
+
+// One fault per communicator (PROTOCOL.md, I12b): a rank that times out in op A (its peer, the
+// last rank, held back 5x the budget before A's call 3) then runs calls of a second AllReduceMHC
+// B (another protocol) and all-gathers on the same communicator. Asserted: every rank records
+// an error, B's mailboxes and the all-gather's hold nothing but the sentinel on every rank (no
+// rank stored into any of them after the fault, nor before: B and the gather run only after),
+// and nothing hangs. Eager and as CUDA graphs, for each kind of A.
+TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  constexpr uint64_t kBudgetNs = 60'000'000;  // 60 ms
+  constexpr int kCallsA = 5, kStallCall = 3, kCallsB = 3, kGathers = 2;
+  constexpr int64_t kGatherBytes = 4096;
+  const int stalled = tp - 1;
+  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+    // B: the other protocol of A's (one-shot against two-shot), in its CTA-per-row shape.
+    const Kind kind_b = kind_two_shot(kind) ? Kind::kPhasedOneShot : Kind::kTwoShot;
+    for (const bool graph : {false, true}) {
+      ConcurrentGroup a(tp, 128, kBudgetNs);
+      ConcurrentGroup b(a.comm, 128);
+      SimAllGather ag(a.comm, kGatherBytes);
+      std::mt19937_64 rng(44000 + tp * 10 + static_cast<int>(kind));
+      struct Planned {
+        ConcurrentGroup* op;
+        Kind kind;
+        Problem p;
+        Variant v;
+        std::vector<std::unique_ptr<CallBuffers>> bufs;
+      };
+      std::vector<Planned> plan;
+      for (int c = 0; c < kCallsA + kCallsB; ++c) {
+        Planned pc;
+        pc.op = c < kCallsA ? &a : &b;
+        pc.kind = c < kCallsA ? kind : kind_b;
+        pc.v = static_cast<Variant>(c % 3);
+        pc.p = testing::make_problem(rng(), rows_for(pc.kind, rng()), ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, c % 2);
+        for (int r = 0; r < tp; ++r) {
+          pc.bufs.push_back(std::make_unique<CallBuffers>(pc.p.m, ConcurrentGroup::kH, ConcurrentGroup::kHc, 6));
+          testing::upload(pc.p, r, *pc.bufs.back());
+        }
+        plan.push_back(std::move(pc));
+      }
+      std::vector<DeviceBuffer> g_in, g_out;
+      for (int r = 0; r < tp; ++r) {
+        std::vector<uint32_t> words(kGatherBytes / 4);
+        for (auto& w : words) w = static_cast<uint32_t>(rng());
+        g_in.emplace_back(static_cast<size_t>(kGatherBytes));
+        g_in.back().upload(words);
+        g_out.emplace_back(static_cast<size_t>(kGatherBytes * tp));
+      }
+      MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<cudaGraphExec_t> execs(tp, nullptr);
+      for (int r = 0; r < tp; ++r) {
+        cudaStream_t st = a.ranks[r]->stream;
+        cudaGraph_t cg;
+        if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int c = 0; c < kCallsA + kCallsB; ++c) {
+          if (r == stalled && c == kStallCall) MHCCL_TEST_CUDA(testing::launch_gpu_delay(5 * kBudgetNs, st));
+          Planned& pc = plan[c];
+          // B's calls go on A's stream too (one stream a rank: the order an engine issues them in).
+          std::swap(pc.op->ranks[r]->stream, st);
+          pc.op->launch(r, pc.kind, pc.p, pc.v, *pc.bufs[r]);
+          std::swap(pc.op->ranks[r]->stream, st);
+          if (c == kCallsA - 1) {
+            for (int k = 0; k < kGathers; ++k) ag.launch(r, g_in[r].get(), g_out[r].get(), kGatherBytes, 0, st);
+          }
+        }
+        if (graph) {
+          MHCCL_TEST_CUDA(cudaStreamEndCapture(st, &cg));
+          MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
+          MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
+        }
+      }
+      if (graph) {
+        for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], a.ranks[r]->stream));
+      }
+      MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string what = std::string(kind_name(kind)) + " then " + kind_name(kind_b) + (graph ? " (graph)" : " (eager)") +
+                               " tp=" + std::to_string(tp);
+      EXPECT_LT(secs, 10.0) << what;
+      for (cudaGraphExec_t e : execs) {
+        if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
+      }
+      for (int r = 0; r < tp; ++r) {
+        const ErrorRecord t = a.sinks[r]->timeout();
+        EXPECT_EQ(t.ready, 1u) << what << ": rank " << r << " recorded no error";
+        EXPECT_NE(a.sinks[r]->fault(), 0u) << what << ": rank " << r << "'s fault word";
+        for (const DeviceBuffer* mb : {&b.ranks[r]->ll, &b.ranks[r]->bt, &b.ranks[r]->red}) {
+          EXPECT_TRUE(all_words(*mb, kBf16SentinelPair)) << what << ": rank " << r << ": something was stored into op B's mailboxes";
+        }
+        EXPECT_TRUE(all_words(ag.ranks[r].mailbox, kWordSentinel)) << what << ": rank " << r << ": something was stored into the all-gather's mailbox";
       }
     }
   }

@@ -41,7 +41,7 @@ __global__ void floor_poll(const FloorParams p) {
   pdl_launch_dependents();
   uint4 mine = make_uint4(0, 0, 0, 0);  // loaded before the state, as the library does
   if (p.single_launch && rp.active) mine = ld_input(p.x + rp.row * p.np + rp.pack);
-  const Generation g = read_generation(p.state);
+  const Generation g = read_generation(p.state, p.err);
   if (p.single_launch && rp.active) {  // publish first: one launch, as the library's small-M path
     const uint4 v = publishable<Bf16Lanes>(mine);
     store_to_ranks(p.mailboxes, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.capacity, rp.row, p.np, rp.pack), v);

@@ -1,0 +1,151 @@
+// The call identity (kernels/params.h, CallIdentity; PROTOCOL.md I19), the mailbox layouts its
+// headers live in, and the all-gather's escape encoding, on the host: what the kernels compute
+// with the same constexpr functions.
+#include <cstdint>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator_impl.h"
+#include "kernels/params.h"
+
+namespace mhccl {
+namespace {
+
+using kernels::CallIdentity;
+
+// No 16-bit lane of a header is the BF16 sentinel 0x8000, and no word the all-gather's
+// 0x80000000: a written header is never taken for an empty slot.
+bool sentinel_free(const CallIdentity& id) {
+  for (uint32_t w : id.w) {
+    if (w == kernels::kWordSentinel || (w & 0xFFFFu) == 0x8000u || (w >> 16) == 0x8000u) return false;
+    if ((w & 0x80008000u) != 0) return false;  // every lane's top bit is clear
+  }
+  return true;
+}
+
+TEST(CallIdentity, FieldsRoundTripAndNoLaneIsASentinel) {
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t op = 1 + rng() % 3, proto = 1 + rng() % 4, variant = rng() % 4, gen = rng() % 3;
+    const uint64_t size = i % 3 == 0 ? rng() % 4097 : rng() & ((uint64_t{1} << 45) - 1);
+    const uint32_t rejected = static_cast<uint32_t>(i % 5 == 0 ? rng() % 3 : rng() & ((1u << 30) - 1));
+    const CallIdentity id = kernels::with_generation(kernels::make_call_identity(op, proto, variant, size, rejected), gen);
+    ASSERT_TRUE(sentinel_free(id)) << i;
+    EXPECT_EQ(kernels::identity_op(id), op);
+    EXPECT_EQ(kernels::identity_protocol(id), proto);
+    EXPECT_EQ(kernels::identity_variant(id), variant);
+    EXPECT_EQ(kernels::identity_generation(id), gen);
+    EXPECT_EQ(kernels::identity_size(id), size);
+    EXPECT_EQ(kernels::identity_rejected(id), rejected);
+    EXPECT_EQ(id.w[3] >> 16, kernels::kIdentityMagic);
+  }
+}
+
+TEST(CallIdentity, EveryFieldThatDiffersMakesTheIdentitiesDiffer) {
+  const auto make = [](uint32_t op, uint32_t proto, uint32_t variant, uint64_t m, uint32_t rejected, uint32_t gen) {
+    return kernels::with_generation(kernels::make_call_identity(op, proto, variant, m, rejected), gen);
+  };
+  const CallIdentity base = make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 0, 1);
+  EXPECT_TRUE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 0, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 8, 0, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoTwoShotOwner, 0, 8, 0, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 1, 8, 0, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 9, 0, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 1, 1)));
+  EXPECT_FALSE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 0, 2)));
+  // Sizes that differ only above 30 bits, rejected counts only above 15.
+  EXPECT_FALSE(kernels::identity_equal(make(1, 4, 0, uint64_t{1} << 40, 0, 0), make(1, 4, 0, 0, 0, 0)));
+  EXPECT_FALSE(kernels::identity_equal(make(2, 1, 0, 1, 1u << 20, 0), make(2, 1, 0, 1, 0, 0)));
+}
+
+// The headers of every (generation, source, unit) lie after the rows, apart from one another
+// and inside mailbox_bytes; likewise the all-gather's headers and escape words.
+TEST(MailboxLayout, HeadersFollowTheRowsAndFitTheMailbox) {
+  for (const int sources : {1, 2, 4, 8}) {
+    for (const int64_t rows : {int64_t{1}, int64_t{7}, int64_t{300}}) {
+      for (const int np : {1, 640, 896}) {
+        const int64_t row_packs = kernels::mailbox_row_packs(sources, rows, np);
+        std::set<int64_t> seen;
+        for (uint32_t gen = 0; gen < kernels::kGenerations; ++gen) {
+          for (int s = 0; s < sources; ++s) {
+            for (const int64_t u : {int64_t{0}, kernels::header_units(rows) - 1}) {
+              const int64_t off = kernels::header_offset(gen, sources, s, rows, np, u);
+              EXPECT_GE(off, row_packs);
+              EXPECT_LT(16 * (off + 1), kernels::mailbox_bytes(sources, rows, np) + 1);
+              EXPECT_TRUE(seen.insert(off).second);
+            }
+          }
+        }
+      }
+    }
+  }
+  for (const int tp : {2, 4, 8}) {
+    for (const int64_t cap : {int64_t{1}, int64_t{4096}}) {
+      const int64_t bytes = kernels::all_gather_mailbox_bytes(tp, cap);
+      const int64_t rows_end = 16 * kernels::kGenerations * tp * cap;
+      const int64_t hdr_lo = 16 * kernels::all_gather_header_offset(0, tp, 0, cap, 0);
+      const int64_t hdr_hi = 16 * (kernels::all_gather_header_offset(2, tp, tp - 1, cap, kernels::kAllGatherMaxCtas - 1) + 1);
+      const int64_t esc_lo = 4 * kernels::all_gather_escape_offset(0, tp, 0, cap, 0);
+      const int64_t esc_hi = 4 * (kernels::all_gather_escape_offset(2, tp, tp - 1, cap, cap - 1) + 1);
+      EXPECT_EQ(hdr_lo, rows_end);
+      EXPECT_EQ(esc_lo, hdr_hi);
+      EXPECT_EQ(esc_hi, bytes);
+    }
+  }
+}
+
+// Every pattern of a pack's 4 lanes from {sentinel, marker, 0, data}: the encoded lanes are
+// never the sentinel, the escape word is never the sentinel (nor 0 where a marker travels),
+// and decoding restores every lane.
+TEST(AllGatherEscape, EveryLanePatternRoundTrips) {
+  const uint32_t values[] = {kernels::kWordSentinel, kernels::kWordMarker, 0u, 0x3F800000u, 0x80000002u, 0x7FFFFFFFu};
+  for (int code = 0; code < 6 * 6 * 6 * 6; ++code) {
+    uint32_t w[4], orig[4];
+    for (int i = 0, c = code; i < 4; ++i, c /= 6) orig[i] = w[i] = values[c % 6];
+    const uint32_t escape = kernels::escape_encode(w);
+    bool marker = false;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NE(w[i], kernels::kWordSentinel) << code;
+      marker |= w[i] == kernels::kWordMarker;
+    }
+    EXPECT_NE(escape, kernels::kWordSentinel);
+    EXPECT_EQ(escape != 0, marker) << code;
+    if (!marker) {
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(w[i], orig[i]) << code;  // travels as it is
+    }
+    kernels::escape_decode(w, escape);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(w[i], orig[i]) << code << " lane " << i;
+  }
+}
+
+// The messages a divergence gives name both identities and say what differs.
+TEST(CallIdentity, DivergenceMessageNamesWhatDiffers) {
+  const auto id = [](uint32_t op, uint64_t m, uint32_t rejected, uint32_t variant = 0) {
+    return kernels::with_generation(kernels::make_call_identity(op, kernels::kProtoOneShot, variant, m, rejected), 1);
+  };
+  struct Case {
+    CallIdentity mine, theirs;
+    const char* says;
+  };
+  const Case cases[] = {
+      {id(kernels::kOpAllReduceCall, 8, 0), id(kernels::kOpAllReduceCall, 8, 1), "rejected on one of these ranks"},
+      {id(kernels::kOpAllReduceCall, 8, 0), id(kernels::kOpAllReduceFinalize, 8, 0), "call on one, finalize on the other"},
+      {id(kernels::kOpAllReduceCall, 8, 0), id(kernels::kOpAllReduceCall, 5, 0), "different M"},
+      {id(kernels::kOpAllReduceCall, 8, 0), id(kernels::kOpAllReduceCall, 8, 0, 1), "different outputs"},
+      {id(kernels::kOpAllReduceCall, 8, 0), CallIdentity{{1, 2, 3, 4}}, "no call header"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = comm::divergence_message(0, 3, "AllReduceMHC.call (one-shot, call 7)", c.mine, c.theirs);
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("M=8"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unusable"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace mhccl
