@@ -500,6 +500,32 @@ def _mix_count_error(name, t, shape):
                          f"{list(t.shape)} ({t.numel()} elements)")
 
 
+def _counting_rejections(op, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a call of ``op`` (an AllReduceMHC or LamportAllGather). Where it raises before the C++
+    op counted it as rejected (a check of this package, a torch allocation or copy, the binding's
+    conversions), the call is counted here: every rank's contribution to a call carries its
+    count of rejected calls, so that a call rejected on some ranks only is an error on every
+    rank at the next call (``DivergenceError``-class RuntimeError) instead of the ranks' calls
+    pairing wrongly from then on (SPEC.md, "Ranks that diverge get an error"). Not while
+    torch.compile traces (no call is made then)."""
+    comm = getattr(op, "_comm", None)  # None: an instance without its C++ side (the CPU tests')
+    if comm is None or _compiling():
+        return fn(*args, **kwargs)
+    before = comm.rejected_calls
+    try:
+        return fn(*args, **kwargs)
+    except BaseException:
+        if comm.rejected_calls == before:
+            comm.note_rejected_call()
+        raise
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
 class AllReduceMHC:
     """Lamport TP all-reduce fused with mHC post-mix, collapse, RMSNorm (and MXFP8 or
     per-token-group FP8).
@@ -751,6 +777,14 @@ class AllReduceMHC:
                 built (the op stays usable; nothing was launched).
             RuntimeError: a CUDA or NCCL failure, or a peer timeout (the group is then unusable).
         """
+        return _counting_rejections(self, self._call, x, residual, post, comb, pre, norm_weight,
+                                    norm_eps, mxfp8_out, protocol, residual_out=residual_out,
+                                    layer_input=layer_input, fp8_out=fp8_out)
+
+    # The body of the public method above (which counts its rejections).
+    def _call(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
+              mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
+              residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
         x = _tensor_arg("x", x)
         m = self._rows("x", x)
         residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
@@ -789,6 +823,16 @@ class AllReduceMHC:
 
         Returns and raises as ``__call__``.
         """
+        return _counting_rejections(self, self._finalize, gemm2_permuted, expert_weights,
+                                    expanded_idx_to_permuted_idx, shared_output, residual, post, comb, pre, norm_weight, norm_eps,
+                                    mxfp8_out, protocol, residual_out=residual_out,
+                                    layer_input=layer_input, fp8_out=fp8_out)
+
+    # The body of the public method above (which counts its rejections).
+    def _finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
+                  residual, post, comb, pre, norm_weight, norm_eps: float,
+                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
+                  residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
         gemm2_permuted = _tensor_arg("gemm2_permuted", gemm2_permuted)
         expert_weights = _tensor_arg("expert_weights", expert_weights)
         idx = _tensor_arg("expanded_idx_to_permuted_idx", expanded_idx_to_permuted_idx)
@@ -887,6 +931,10 @@ class LamportAllGather:
         Raises: TypeError (not a tensor), ValueError (a size ``accepts`` refuses, a scalar, a
         CPU tensor or another device), RuntimeError (CUDA failure, peer timeout).
         """
+        return _counting_rejections(self, self._gather, inp)
+
+    # The body of the public method above (which counts its rejections).
+    def _gather(self, inp):
         inp = _tensor_arg("inp", inp)
         if inp.dim() == 0:
             raise ValueError("inp: expected at least one dimension, got a scalar")

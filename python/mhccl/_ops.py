@@ -159,6 +159,13 @@ def _define() -> None:
         _api._eps_arg("norm_eps", eps)
         return op._rows(name, lead)
 
+    def counted(op, fn, *args):
+        """The real implementations' work, rejections counted on the instance's communicator
+        (_api._counting_rejections: a call rejected on some ranks only is an error on every rank)."""
+        from ._api import _counting_rejections
+
+        return _counting_rejections(op, fn, *args)
+
     def split(outs, has_pre, with_mxfp8, with_fp8):
         residual_out = outs[0]
         layer_input = outs[1] if has_pre else None
@@ -176,9 +183,9 @@ def _define() -> None:
                            protocol: str, residual_out: Tensor, layer_input: Optional[Tensor],
                            mxfp8_values: Optional[Tensor], mxfp8_scales: Optional[Tensor],
                            fp8_values: Optional[Tensor], fp8_scales: Optional[Tensor]) -> None:
-        instance(handle)._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
-                                      residual_out, layer_input, mxfp8_values, mxfp8_scales,
-                                      fp8_values, fp8_scales)
+        op = instance(handle)
+        counted(op, op._launch_call, x, residual, post, comb, pre, norm_weight, eps, protocol,
+                residual_out, layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales)
 
     @all_reduce_mhc_out.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
@@ -196,11 +203,14 @@ def _define() -> None:
                        protocol: str = "auto", with_mxfp8: bool = False,
                        with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
-        outs = new_outputs(op, op._rows("x", x), x.device, pre is not None, with_mxfp8, with_fp8,
-                           torch.empty)
-        op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
-                        *split(outs, pre is not None, with_mxfp8, with_fp8))
-        return outs
+
+        def run():
+            outs = new_outputs(op, op._rows("x", x), x.device, pre is not None, with_mxfp8,
+                               with_fp8, torch.empty)
+            op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
+                            *split(outs, pre is not None, with_mxfp8, with_fp8))
+            return outs
+        return counted(op, run)
 
     @all_reduce_mhc.register_fake
     def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
@@ -223,11 +233,11 @@ def _define() -> None:
                                     mxfp8_scales: Optional[Tensor],
                                     fp8_values: Optional[Tensor],
                                     fp8_scales: Optional[Tensor]) -> None:
-        instance(handle)._launch_finalize(gemm2_permuted, expert_weights,
-                                          expanded_idx_to_permuted_idx, shared_output, residual,
-                                          post, comb, pre, norm_weight, eps, protocol,
-                                          residual_out, layer_input, mxfp8_values, mxfp8_scales,
-                                          fp8_values, fp8_scales)
+        op = instance(handle)
+        counted(op, op._launch_finalize, gemm2_permuted, expert_weights,
+                expanded_idx_to_permuted_idx, shared_output, residual, post, comb, pre,
+                norm_weight, eps, protocol, residual_out, layer_input, mxfp8_values, mxfp8_scales,
+                fp8_values, fp8_scales)
 
     @all_reduce_mhc_finalize_out.register_fake
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
@@ -251,13 +261,16 @@ def _define() -> None:
                                 protocol: str = "auto", with_mxfp8: bool = False,
                                 with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
-        m = op._rows("shared_output", shared_output)
-        outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, with_fp8,
-                           torch.empty)
-        op._launch_finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
-                            shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
-                            *split(outs, pre is not None, with_mxfp8, with_fp8))
-        return outs
+
+        def run():
+            m = op._rows("shared_output", shared_output)
+            outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, with_fp8,
+                               torch.empty)
+            op._launch_finalize(gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
+                                shared_output, residual, post, comb, pre, norm_weight, eps,
+                                protocol, *split(outs, pre is not None, with_mxfp8, with_fp8))
+            return outs
+        return counted(op, run)
 
     @all_reduce_mhc_finalize.register_fake
     def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
@@ -280,8 +293,11 @@ def _define() -> None:
                              schema="(int handle, Tensor inp, Tensor(a!) out) -> ()")
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
         op = instance(handle)
-        op._check_size(inp)
-        op._launch(inp, out)
+
+        def run():
+            op._check_size(inp)
+            op._launch(inp, out)
+        counted(op, run)
 
     def checked_gather(op, inp):
         """For the fake implementations: the input's dimensions always, its size where no
@@ -301,10 +317,13 @@ def _define() -> None:
                              schema="(int handle, Tensor inp) -> Tensor")
     def all_gather(handle: int, inp: Tensor) -> Tensor:
         op = instance(handle)
-        op._check_size(inp)
-        out = gathered(op, inp, torch.empty)
-        op._launch(inp, out)
-        return out
+
+        def run():
+            op._check_size(inp)
+            out = gathered(op, inp, torch.empty)
+            op._launch(inp, out)
+            return out
+        return counted(op, run)
 
     @all_gather.register_fake
     def _(handle, inp):

@@ -168,7 +168,9 @@ NB_MODULE(_mhccl, m) {
       .def_prop_ro("device", &mhccl::Communicator::device)
       .def_prop_ro("peers_reachable", &mhccl::Communicator::peers_reachable)
       .def_prop_ro("usable", &mhccl::Communicator::usable)
-      .def("check_errors", &mhccl::Communicator::check_errors);
+      .def("check_errors", &mhccl::Communicator::check_errors)
+      .def_prop_ro("rejected_calls", &mhccl::Communicator::rejected_calls)
+      .def("note_rejected_call", &mhccl::Communicator::note_rejected_call);
 
   nb::class_<mhccl::AllReduceMHC>(m, "AllReduceMHC")
       .def("__init__", [](mhccl::AllReduceMHC* self, mhccl::Communicator& comm, int64_t hidden_size,

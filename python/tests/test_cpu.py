@@ -3,6 +3,7 @@ surface as ValueError with the C++ message (NumPy arrays stand in for tensors th
 
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -259,3 +260,41 @@ def test_an_extension_built_for_another_python_is_named(tmp_path):
     out = subprocess.run([_sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=True).stdout
     assert "_mhccl.cpython-27-x86_64-linux-gnu.so, built for another Python than this one" in out, out
+
+
+class _CountingComm:
+    """Stands in for the C++ communicator's rejection count (Communicator.rejected_calls)."""
+
+    def __init__(self):
+        self.rejected_calls = 0
+
+    def note_rejected_call(self):
+        self.rejected_calls += 1
+
+
+def test_rejected_calls_are_counted_once_on_the_communicator():
+    """A call that raises before the C++ op counted it (a check of the package, an allocation)
+    counts once; one the C++ op rejected (and counted) is not counted again; a call that goes
+    through counts nothing. The count is what every rank's call identity carries."""
+    pytest.importorskip("torch")
+    from mhccl import _api
+
+    op = types.SimpleNamespace(_comm=_CountingComm())
+
+    def python_check():
+        raise ValueError("x: expected shape [M, 5120], got [3, 7]")
+
+    def cxx_rejects():  # as the C++ op does: counts, then throws
+        op._comm.note_rejected_call()
+        raise ValueError("x: expected dtype bfloat16")
+
+    for fn, want in ((python_check, 1), (cxx_rejects, 2), (python_check, 3)):
+        with pytest.raises(ValueError):
+            _api._counting_rejections(op, fn)
+        assert op._comm.rejected_calls == want
+    assert _api._counting_rejections(op, lambda a, b=0: a + b, 2, b=3) == 5
+    assert op._comm.rejected_calls == 3
+    # Nested (the public method over the torch op's implementation): counted once.
+    with pytest.raises(ValueError):
+        _api._counting_rejections(op, lambda: _api._counting_rejections(op, python_check))
+    assert op._comm.rejected_calls == 4
