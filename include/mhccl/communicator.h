@@ -13,13 +13,24 @@
 namespace mhccl {
 
 struct CommunicatorOptions {
-  // Spin budget of every Lamport wait, in milliseconds (1 ms to 24 h). On expiry the kernel records which peer,
-  // protocol, generation and row it waited for and exits; the next call (or check_errors())
-  // throws Error(kPeerTimeout) and the communicator stays unusable. 30 s: far above any stall of
-  // a live peer in decode (a rank behind by a whole prefill step is under a second), short
-  // enough that a dead peer surfaces well before NCCL/torch watchdogs (10 min).
-  // MHCCL_WAIT_TIMEOUT_MS in the environment overrides the default.
+  // The budget of every wait on a peer, in milliseconds (1 ms to 24 h): each Lamport wait's spin
+  // (on expiry the kernel records which peer, protocol, generation and row it waited for and
+  // exits; the next call, or check_errors(), throws Error(kPeerTimeout) and the communicator
+  // stays unusable), and every host-side wait (the NCCL communicator's initialization, the
+  // configuration agreement and barriers of every op construction, window registration,
+  // teardown) and the NCCL fallback's operations (the watchdog below): on expiry the rank
+  // throws kPeerTimeout naming the wait and aborts its NCCL communicator. 30 s: far above any
+  // stall of a live peer in decode (a rank behind by a whole prefill step is under a second),
+  // short enough that a dead peer surfaces well before NCCL/torch watchdogs (10 min).
+  // MHCCL_WAIT_TIMEOUT_MS in the environment overrides the default. Ranks should start within
+  // it of one another: the first construction waits for every rank.
   uint64_t wait_timeout_ms = 30000;
+  // The NCCL fallback's watchdog thread (PROTOCOL.md, I20): from the first fallback call on, a
+  // background thread looks at the fallback's progress every tenth of the budget and aborts the
+  // NCCL communicator when an operation waited past the budget (a dead peer; under CUDA graphs
+  // no host call would see it), so that a synchronization stuck behind it returns, and the next
+  // call or check_errors() throws kPeerTimeout. Off: only op calls and check_errors() look.
+  bool watchdog = true;
   // Use the NCCL fallback path (ncclAllReduce + the same fused consumer) even where every peer
   // is load/store reachable.
   bool force_nccl_fallback = false;
@@ -48,6 +59,10 @@ class Communicator {
   int rank() const;
   int tp() const;
   int device() const;
+  // The NCCL communicator. One this object created is non-blocking (config.blocking = 0, so
+  // that every wait on it has a budget): an NCCL call on it may return ncclInProgress, and the
+  // caller polls ncclCommGetAsyncError until it settles before the next call. After a budget
+  // expired it was aborted: nullptr.
   ncclComm_t nccl() const;
   const CommunicatorOptions& options() const;
 

@@ -1,8 +1,10 @@
 // Communicator: NCCL bootstrap, symmetric windows and the kernels' error record.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator_impl.h"
@@ -109,7 +111,8 @@ void check_nccl_version() {
 
 constexpr uint64_t kMaxWaitTimeoutMs = 24ull * 3600 * 1000;  // a day; ns stay far from 2^64
 
-void init_common(Communicator::Impl& im) {
+// The budget of every wait (options.wait_timeout_ms, or MHCCL_WAIT_TIMEOUT_MS), checked.
+void init_budget(Communicator::Impl& im) {
   if (const char* env = std::getenv("MHCCL_WAIT_TIMEOUT_MS")) {
     char* end = nullptr;
     const long long ms = std::strtoll(env, &end, 10);
@@ -124,6 +127,9 @@ void init_common(Communicator::Impl& im) {
                                                  std::to_string(kMaxWaitTimeoutMs) + " ms, got " +
                                                  std::to_string(im.options.wait_timeout_ms));
   }
+}
+
+void init_common(Communicator::Impl& im) {
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
   MHCCL_CUDA(cudaMalloc(&im.setup_words, Communicator::Impl::kSetupWords * sizeof(int)));
@@ -133,13 +139,16 @@ void init_common(Communicator::Impl& im) {
   MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.record_device), im.record, 0));
   MHCCL_CUDA(cudaMalloc(&im.device_words, 2 * sizeof(uint32_t)));
   MHCCL_CUDA(cudaMemset(im.device_words, 0, 2 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.fallback_progress), 2 * sizeof(uint32_t), cudaHostAllocMapped));
+  im.fallback_progress[0] = im.fallback_progress[1] = 0;
+  MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.fallback_progress_device), im.fallback_progress, 0));
   im.reachable = im.tp == 1 || comm::lsa_team_size(im.comm) == im.tp;
   // Every rank takes the same path (Lamport or the NCCL fallback): the forced fallback agreed.
   im.agree("Communicator", {{"force_nccl_fallback", im.options.force_nccl_fallback}, {"peers reachable", im.reachable}},
            nullptr);
   if (im.options.force_nccl_fallback) im.reachable = false;
   im.alloc_window(sizeof(uint32_t), 0u, im.reachable && im.tp > 1, im.fault_window);
-  MHCCL_CUDA(cudaDeviceSynchronize());
+  im.setup_wait("Communicator construction");
 }
 
 // The message of a fault another rank raised (a kPeerFault record, or the fault word read by
@@ -167,21 +176,30 @@ ErrorCode fault_code(uint32_t word) {
 }  // namespace
 
 Communicator::Impl::~Impl() {
+  if (watchdog.joinable()) {
+    watchdog_stop = true;
+    watchdog.join();
+  }
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
   free_window(fault_window);  // before the NCCL communicator goes (its window is registered there)
   // After a peer timeout the peers may be dead and kernels (an NCCL collective of this
   // communicator) may wait for them: abort first, which waits for nobody and stops NCCL's
-  // kernels, before anything that synchronizes the device.
+  // kernels, before anything that synchronizes the device. A healthy communicator is finalized
+  // (which flushes its operations and may wait for peers: within the budget, else aborted).
   const bool failed = peer_failed();
-  if (owns_comm && comm && failed) {
-    ncclCommAbort(comm);
-    comm = nullptr;
+  if (owns_comm && comm && !failed) {
+    if (nonblocking) {
+      const ncclResult_t st = ncclCommFinalize(comm);
+      if ((st != ncclSuccess && st != ncclInProgress) || !nccl_settles_quietly()) abort_nccl();
+    }
   }
+  if (owns_comm && comm && (failed || unusable)) abort_nccl();
   if (setup_stream) cudaStreamSynchronize(setup_stream);
   if (record) cudaFreeHost(record);
   record = nullptr;
+  if (fallback_progress) cudaFreeHost(fallback_progress);
   if (device_words) cudaFree(device_words);
   if (setup_words) cudaFree(setup_words);
   if (setup_stream) cudaStreamDestroy(setup_stream);
@@ -189,6 +207,154 @@ Communicator::Impl::~Impl() {
   for (void* p : orphaned) ncclMemFree(p);
   for (void* p : orphaned_device) cudaFree(p);
   if (prev >= 0) cudaSetDevice(prev);
+}
+
+// --- Budgets on host-side waits (PROTOCOL.md, I20) ----------------------------------------------
+namespace {
+using Clock = std::chrono::steady_clock;
+// Polls `done()` (true: finished) until it is, or `budget_ms` passed: a few spins, then sleeps
+// growing to a millisecond (construction and teardown only).
+template <class Done>
+bool poll_within(uint64_t budget_ms, Done done) {
+  const Clock::time_point end = Clock::now() + std::chrono::milliseconds(budget_ms);
+  std::chrono::microseconds nap(20);
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    if (Clock::now() > end) return done();
+    if (i > 64) {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+}
+}  // namespace
+
+void Communicator::Impl::abort_nccl() {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+  if (owns_comm && comm != nullptr) {
+    ncclCommAbort(comm);  // waits for no peer; ends the communicator's kernels
+    comm = nullptr;
+  }
+}
+
+void Communicator::Impl::budget_expired(const char* what) {
+  const std::string budget = std::to_string(options.wait_timeout_ms) + " ms";
+  std::string msg = std::string(what) + " on rank " + std::to_string(rank) + ": waited longer than " + budget +
+                    " (CommunicatorOptions::wait_timeout_ms, MHCCL_WAIT_TIMEOUT_MS) for the other ranks of the "
+                    "group: a peer died, hung, failed earlier (its own error says why), or is building another op "
+                    "or none at this point. ";
+  if (owns_comm) {
+    abort_nccl();
+    msg += "The NCCL communicator was aborted; this communicator is unusable: destroy it and its ops and build "
+           "them again";
+  } else {
+    msg += "The NCCL communicator is the caller's: abort it (ncclCommAbort) after destroying this communicator "
+           "and its ops, which are unusable";
+  }
+  fail(ErrorCode::kPeerTimeout, msg, ErrorContext{-1, -1, what});
+}
+
+void Communicator::Impl::nccl_wait(ncclResult_t status, const char* what) {
+  detail::check_nccl(status, what);
+  if (!nonblocking || comm == nullptr) return;
+  ncclResult_t state = status;
+  const bool settled = poll_within(options.wait_timeout_ms, [&] {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
+    return state != ncclInProgress;
+  });
+  if (!settled) budget_expired(what);
+  detail::check_nccl(state, what);
+}
+
+bool Communicator::Impl::nccl_settles_quietly() {
+  if (!nonblocking || comm == nullptr) return true;
+  ncclResult_t state = ncclInProgress;
+  return poll_within(options.wait_timeout_ms, [&] {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
+    return state != ncclInProgress;
+  }) && state == ncclSuccess;
+}
+
+void Communicator::Impl::setup_wait(const char* what) {
+  cudaError_t st = cudaSuccess;
+  ncclResult_t async = ncclSuccess;
+  const bool done = poll_within(options.wait_timeout_ms, [&] {
+    st = cudaStreamQuery(setup_stream);
+    if (st != cudaErrorNotReady) return true;
+    // A peer that aborted, or NCCL's own error, ends the wait with that error.
+    if (nonblocking && comm != nullptr && ncclCommGetAsyncError(comm, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress) {
+      return true;
+    }
+    return false;
+  });
+  if (!done) budget_expired(what);
+  if (st == cudaErrorNotReady) {
+    abort_nccl();
+    detail::check_nccl(async, what);
+  }
+  detail::check_cuda(st, what);
+}
+
+// --- The NCCL fallback's watchdog ----------------------------------------------------------------
+bool Communicator::Impl::FallbackWatch::stuck(uint32_t entered_now, uint32_t left_now, Clock::time_point now,
+                                              uint64_t budget_ms) {
+  if (entered_now == left_now || entered_now != entered || left_now != left) {
+    entered = entered_now;  // idle, or progress since the last look: the clock starts again
+    left = left_now;
+    since = now;
+    return false;
+  }
+  return now - since > std::chrono::milliseconds(budget_ms);
+}
+
+void Communicator::Impl::check_fallback() {
+  if (!watchdog_tripped && fallback_progress != nullptr && fallback_progress[0] != 0) {
+    std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+    const volatile uint32_t* w = fallback_progress;
+    if (!watchdog_tripped && fallback_watch.stuck(w[0], w[1], Clock::now(), options.wait_timeout_ms)) {
+      watchdog_reason = "NCCL fallback on rank " + std::to_string(rank) + ": an NCCL operation of this group waited "
+                        "longer than " + std::to_string(options.wait_timeout_ms) +
+                        " ms (CommunicatorOptions::wait_timeout_ms) for a peer that died, hung, or issued a "
+                        "different sequence of calls; the NCCL communicator was aborted" +
+                        (owns_comm ? "" : " (it is the caller's: ncclCommAbort was not called; abort it)") +
+                        ". The communicator is unusable: destroy it and its ops and build them again";
+      watchdog_tripped = true;
+    }
+  }
+  if (watchdog_tripped) {
+    abort_nccl();
+    if (!unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
+  }
+}
+
+void Communicator::Impl::fallback_mark(bool in, cudaStream_t stream) {
+  MHCCL_CUDA(kernels::launch_count_u32(fallback_progress_device + (in ? 0 : 1), stream));
+  if (in && options.watchdog && !watchdog.joinable()) {
+    // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
+    const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
+    watchdog = std::thread([this, every] {
+      while (!watchdog_stop) {
+        std::this_thread::sleep_for(every);
+        if (watchdog_tripped) break;
+        std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+        const volatile uint32_t* w = fallback_progress;
+        if (fallback_watch.stuck(w[0], w[1], Clock::now(), options.wait_timeout_ms)) {
+          watchdog_reason = "NCCL fallback on rank " + std::to_string(rank) + ": an NCCL operation of this group "
+                            "waited longer than " + std::to_string(options.wait_timeout_ms) +
+                            " ms (CommunicatorOptions::wait_timeout_ms) for a peer that died, hung, or issued a "
+                            "different sequence of calls; the watchdog aborted the NCCL communicator. The "
+                            "communicator is unusable: destroy it and its ops and build them again";
+          if (owns_comm && comm != nullptr) {
+            ncclCommAbort(comm);
+            comm = nullptr;
+          }
+          watchdog_tripped = true;
+          break;
+        }
+      }
+    });
+  }
 }
 
 void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
@@ -200,7 +366,7 @@ void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
 }
 
 bool Communicator::Impl::peer_failed() {
-  if (unusable || fault_seen) return true;
+  if (unusable || fault_seen || watchdog_tripped) return true;
   if (record == nullptr) return false;
   const volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
   if (r->ready == r->epoch + 1) return true;
@@ -256,6 +422,7 @@ void Communicator::Impl::check_for_construction(const char* what) {
 
 void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason, unusable_context);
+  check_fallback();
   // A timeout first (fatal), then, for check_errors() only, a route report.
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
   if (r->ready != r->epoch + 1) {
@@ -320,23 +487,24 @@ void Communicator::Impl::check(bool report_routes) {
               ErrorContext{-1, -1, op});
 }
 
-void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op) {
+void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op, const char* what) {
   if (n < 1 || n > kSetupWords) {
     throw Error(ErrorCode::kInvalidArgument, "all_reduce_ints (internal): expected 1 to " +
                                                  std::to_string(kSetupWords) + " values, got " + std::to_string(n));
   }
   detail::DeviceGuard guard(device);
   if (tp > 1) {
+    if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(what) + ": the NCCL communicator was aborted");
     MHCCL_CUDA(cudaMemcpyAsync(setup_words, values, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
-    MHCCL_NCCL(ncclAllReduce(setup_words, setup_words, n, ncclInt32, op, comm, setup_stream));
+    nccl_wait(ncclAllReduce(setup_words, setup_words, n, ncclInt32, op, comm, setup_stream), what);
     MHCCL_CUDA(cudaMemcpyAsync(values, setup_words, n * sizeof(int), cudaMemcpyDeviceToHost, setup_stream));
   }
-  MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+  setup_wait(what);
 }
 
-void Communicator::Impl::barrier() {
+void Communicator::Impl::barrier(const char* what) {
   int word[1] = {0};
-  all_reduce_ints(word, ncclSum);
+  all_reduce_ints(word, ncclSum, what);
 }
 
 namespace comm {
@@ -379,15 +547,69 @@ std::string agreement_error(const char* what, int rank, const ConfigFields& fiel
          "variables)";
 }
 
+// Op kinds by name (the agreement's `what`): codes the header carries.
+namespace {
+constexpr const char* kOpKinds[] = {"Communicator", "AllReduceMHC", "LamportAllGather"};
+int64_t op_kind_code(const char* what) {
+  for (int i = 0; i < 3; ++i) {
+    if (std::strcmp(what, kOpKinds[i]) == 0) return i + 1;
+  }
+  return 0;
+}
+const char* op_kind_name(uint32_t code) { return code >= 1 && code <= 3 ? kOpKinds[code - 1] : "another op"; }
+}  // namespace
+
+ConfigFields agreement_header(const char* what, const ConfigFields& fields) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the field names, each with its terminator
+  for (const auto& f : fields) {
+    for (const char* c = f.first;; ++c) {
+      h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+      if (*c == '\0') break;
+    }
+  }
+  return {{"op kind", op_kind_code(what)},
+          {"field count", static_cast<int64_t>(fields.size())},
+          {"field names", static_cast<int64_t>(h >> 1)}};
+}
+
+std::string agreement_header_error(const char* what, int rank, const std::vector<int>& reduced) {
+  // Words as agreement_words lays them out: [0] unused here, then (hi, ~hi, lo, ~lo) a field.
+  auto lo_range = [&](int field) {
+    return std::make_pair(~static_cast<uint32_t>(reduced[4 + 4 * field]), static_cast<uint32_t>(reduced[3 + 4 * field]));
+  };
+  bool same = true;
+  for (int f = 0; f < 3; ++f) {
+    same &= static_cast<uint32_t>(reduced[1 + 4 * f]) == ~static_cast<uint32_t>(reduced[2 + 4 * f]) &&
+            lo_range(f).first == lo_range(f).second;
+  }
+  if (same) return "";
+  const auto kinds = lo_range(0);
+  std::string msg = std::string(what) + " on rank " + std::to_string(rank) + ": the ranks of the group are not building ";
+  if (kinds.first != kinds.second) {
+    msg += "the same op at this point: " + std::string(op_kind_name(kinds.first)) + " on some, " +
+           op_kind_name(kinds.second) + " on others";
+  } else {
+    msg += "the same kind of " + std::string(what) + " (another version of mhccl, or another field list)";
+  }
+  return msg + ". Every rank must construct the same ops in the same order; every rank throws this, and the "
+               "communicator stays usable";
+}
+
 }  // namespace comm
 
 void Communicator::Impl::agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
                                std::exception_ptr local_error) {
+  // The fixed-size header first: every rank all-reduces the same count here, whatever it builds.
+  const std::string wait = std::string("configuration agreement of ") + what;
+  std::vector<int> header = comm::agreement_words(comm::agreement_header(what, fields), true);
+  all_reduce_ints(header.data(), static_cast<int>(header.size()), ncclMax, wait.c_str());
+  const std::string mismatch = comm::agreement_header_error(what, rank, header);
+  if (!mismatch.empty()) throw Error(ErrorCode::kInvalidArgument, mismatch);
   std::vector<int> words = comm::agreement_words(fields, !local_error);
   if (static_cast<int>(words.size()) > kSetupWords) {
     throw Error(ErrorCode::kInvalidArgument, std::string("agree (internal): too many fields for ") + what);
   }
-  all_reduce_ints(words.data(), static_cast<int>(words.size()), ncclMax);
+  all_reduce_ints(words.data(), static_cast<int>(words.size()), ncclMax, wait.c_str());
   if (local_error) std::rethrow_exception(local_error);
   const std::string error = comm::agreement_error(what, rank, fields, words);
   if (!error.empty()) throw Error(ErrorCode::kInvalidArgument, error);
@@ -415,8 +637,14 @@ Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
   im.device = device;
   im.options = options;
   detail::DeviceGuard guard(device);
-  MHCCL_NCCL(ncclCommInitRank(&im.comm, tp, id, rank));
+  // Non-blocking (PROTOCOL.md, I20): the init, and every later NCCL call, is polled within the
+  // budget, so a rank whose peers never join raises kPeerTimeout instead of waiting for good.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   im.owns_comm = true;
+  im.nonblocking = true;
+  init_budget(im);
+  im.nccl_wait(ncclCommInitRankConfig(&im.comm, tp, id, rank, &config), "NCCL communicator initialization");
   init_common(im);
 }
 
@@ -439,6 +667,7 @@ Communicator::Communicator(ncclComm_t comm, int device, CommunicatorOptions opti
   check_tp(im.tp);
   im.device = device;
   im.options = options;
+  init_budget(im);
   init_common(im);
 }
 
@@ -472,7 +701,8 @@ void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, 
     MHCCL_CUDA(cudaMalloc(&w.ptr, size));
   } else {
     MHCCL_NCCL(ncclMemAlloc(&w.ptr, size));
-    MHCCL_NCCL(ncclCommWindowRegister(comm, w.ptr, size, &w.window, NCCL_WIN_COLL_SYMMETRIC));
+    nccl_wait(ncclCommWindowRegister(comm, w.ptr, size, &w.window, NCCL_WIN_COLL_SYMMETRIC),
+              "symmetric window registration (ncclCommWindowRegister)");
   }
   MHCCL_CUDA(kernels::launch_fill_u32(w.ptr, size / 4, fill, setup_stream));
   MHCCL_CUDA(cudaMalloc(reinterpret_cast<void**>(&w.peers_device), entries * sizeof(void*)));
@@ -486,9 +716,9 @@ void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, 
                                setup_stream));
   }
   if (shared) {
-    barrier();  // every rank's fill is done before any peer can store into it
+    barrier("symmetric window barrier");  // every rank's fill is done before any peer can store into it
   } else {
-    MHCCL_CUDA(cudaStreamSynchronize(setup_stream));
+    setup_wait("window allocation");
   }
   for (int r = 0; r < entries; ++r) {
     if (w.peers[r] == nullptr) {
@@ -510,8 +740,16 @@ void Communicator::Impl::free_window(Window& w) {
     if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
   } else {
     cudaDeviceSynchronize();
-    if (w.window) ncclCommWindowDeregister(comm, w.window);
-    if (w.ptr) ncclMemFree(w.ptr);
+    // Deregistration may wait for the peers: within the budget, else the communicator is
+    // aborted (which releases the window) and the memory freed after it.
+    const ncclResult_t st = w.window && comm ? ncclCommWindowDeregister(comm, w.window) : ncclSuccess;
+    if ((st != ncclSuccess && st != ncclInProgress) || !nccl_settles_quietly()) {
+      unusable = true;
+      if (unusable_reason.empty()) unusable_reason = "a window deregistration did not complete within the budget";
+      if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
+    } else if (w.ptr) {
+      ncclMemFree(w.ptr);
+    }
   }
   if (w.peers_device) release({w.peers_device});
   w = Window{};

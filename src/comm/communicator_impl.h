@@ -1,11 +1,15 @@
 // Communicator internals shared by the ops (not installed).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +30,55 @@ struct Communicator::Impl {
   cudaStream_t setup_stream = nullptr;  // construction-time work (fills, peer tables, barriers)
   static constexpr int kSetupWords = 256;
   int* setup_words = nullptr;           // device ints for the construction-time all-reduces
+  // The owned NCCL communicator was made non-blocking (config.blocking = 0): every NCCL call on
+  // it returns at once and its completion is polled (ncclCommGetAsyncError) within the budget,
+  // so that no host-side wait on a peer lasts without end (PROTOCOL.md, I20).
+  bool nonblocking = false;
+
+  // --- Budgets on host-side waits (PROTOCOL.md, I20) ---------------------------------------
+  // Every one is options.wait_timeout_ms, the Lamport waits' budget. On expiry the rank aborts
+  // its NCCL communicator (an owned one; a caller's is left to the caller, whom the message
+  // tells to abort it), marks this one unusable and throws Error(kPeerTimeout) naming the wait.
+  // `status`: what an NCCL call on `comm` returned; an error throws kNccl, ncclInProgress is
+  // polled until the operation settles.
+  void nccl_wait(ncclResult_t status, const char* what);
+  // The setup stream's work (the NCCL all-reduces of construction among it) done, polled.
+  void setup_wait(const char* what);
+  // [[noreturn]]: aborts the NCCL communicator and throws kPeerTimeout for the wait `what`.
+  [[noreturn]] void budget_expired(const char* what);
+  // Aborts an owned NCCL communicator (ncclCommAbort waits for no peer and ends its kernels).
+  void abort_nccl();
+  // For teardown (never throws): whether the communicator's pending NCCL operation settled
+  // within the budget (true where it is blocking: its calls returned settled).
+  bool nccl_settles_quietly();
+
+  // --- The NCCL fallback's watchdog (PROTOCOL.md, I20) --------------------------------------
+  // An NCCL fallback call waits on the GPU, stream-ordered, where no host thread waits: a dead
+  // peer would hold the stream (and any later host synchronization) for good. Each fallback
+  // call brackets its NCCL operation with two one-thread kernels that count into host-mapped
+  // words (entered, left), captured with it into a CUDA graph, so replays count too. The
+  // watchdog (check_fallback: every op call and check_errors(), and a background thread once a
+  // fallback call was made, unless options.watchdog is false) finds the counts unequal and
+  // unchanged for longer than the budget, aborts the communicator and reports kPeerTimeout.
+  uint32_t* fallback_progress = nullptr;         // [2] host-mapped: entered, left
+  uint32_t* fallback_progress_device = nullptr;  // their device address
+  struct FallbackWatch {
+    uint32_t entered = 0, left = 0;
+    std::chrono::steady_clock::time_point since{};
+    // Whether the counts show a fallback operation stuck for longer than budget_ms at `now`
+    // (this observation kept for the next one).
+    bool stuck(uint32_t entered_now, uint32_t left_now, std::chrono::steady_clock::time_point now, uint64_t budget_ms);
+  } fallback_watch;
+  std::recursive_mutex nccl_mutex;  // the watchdog's abort against a call's NCCL operations
+  std::atomic<bool> watchdog_tripped{false};
+  std::string watchdog_reason;  // set before watchdog_tripped
+  std::thread watchdog;
+  std::atomic<bool> watchdog_stop{false};
+  // Counts a fallback call in (before its NCCL operation) or out (after it), stream-ordered;
+  // starts the watchdog thread at the first one.
+  void fallback_mark(bool in, cudaStream_t stream);
+  // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
+  void check_fallback();
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
@@ -120,21 +173,25 @@ struct Communicator::Impl {
   void check(bool report_routes = false);
   // `values` (host ints) reduced with `op` over the ranks, in place: an NCCL all-reduce on the
   // setup stream, after the setup work queued there (collective; construction time only, from
-  // one host thread at a time, like every NCCL call on the communicator). At TP=1 the values
-  // stay.
+  // one host thread at a time, like every NCCL call on the communicator), waited for within the
+  // budget (`what`: the wait's name in a kPeerTimeout). At TP=1 the values stay.
   template <int N>
-  void all_reduce_ints(int (&values)[N], ncclRedOp_t op) {
+  void all_reduce_ints(int (&values)[N], ncclRedOp_t op, const char* what) {
     static_assert(N >= 1 && N <= kSetupWords, "at most kSetupWords values");
-    all_reduce_ints(values, N, op);
+    all_reduce_ints(values, N, op, what);
   }
-  void all_reduce_ints(int* values, int n, ncclRedOp_t op);
-  // Every rank's setup work done (collective; used at construction time only).
-  void barrier();
+  void all_reduce_ints(int* values, int n, ncclRedOp_t op, const char* what);
+  // Every rank's setup work done (collective; used at construction time only), within the budget.
+  void barrier(const char* what);
   // Construction agrees on the configuration (collective; PROTOCOL.md I12c): every rank passes
   // the same named fields in the same order, and `local_error`, what checking this rank's
-  // configuration threw (null when it is valid). If any rank's is invalid, or any field differs
-  // between ranks, every rank throws: this rank's own error, or Error(kInvalidArgument) naming
-  // the fields that differ. Call it before anything is sized from the configuration.
+  // configuration threw (null when it is valid). First a header of fixed size (the op's kind,
+  // its field count and a hash of the field names: comm::agreement_header), so that ranks
+  // constructing different ops, or in another order, all throw Error(kInvalidArgument) naming
+  // the op kinds instead of meeting in all-reduces of different counts. If any rank's
+  // configuration is invalid, or any field differs between ranks, every rank throws: this
+  // rank's own error, or Error(kInvalidArgument) naming the fields that differ. Call it before
+  // anything is sized from the configuration.
   void agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
              std::exception_ptr local_error);
 };
@@ -147,6 +204,11 @@ namespace comm {
 using ConfigFields = std::vector<std::pair<const char*, int64_t>>;
 std::vector<int> agreement_words(const ConfigFields& fields, bool valid);
 std::string agreement_error(const char* what, int rank, const ConfigFields& fields, const std::vector<int>& reduced);
+// The header the agreement exchanges first (op kind, field count, a hash of the field names) as
+// fields, and, from its reduced words, "" when every rank builds the same op, else the error
+// naming the op kinds that met.
+ConfigFields agreement_header(const char* what, const ConfigFields& fields);
+std::string agreement_header_error(const char* what, int rank, const std::vector<int>& reduced);
 // The message of a divergence this rank found (a kDivergence record): `where` it was found, this
 // rank's identity of the call and the peer's, and which of their fields differ.
 std::string divergence_message(int rank, int peer, const std::string& where, const kernels::CallIdentity& mine,

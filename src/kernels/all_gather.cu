@@ -110,6 +110,12 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   advance_if_last(p.state, ticket, static_cast<uint32_t>(p.packs));
 }
 
+__global__ void count_u32_kernel(uint32_t* word) {
+  volatile uint32_t* w = word;
+  *w = *w + 1;
+  __threadfence_system();
+}
+
 __global__ void fill_u32_kernel(uint32_t* ptr, size_t words, uint32_t value) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -147,12 +153,17 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 
 cudaError_t preload_all_gather_kernels() {
   for (const void* fn : {reinterpret_cast<const void*>(all_gather_kernel), reinterpret_cast<const void*>(fill_u32_kernel),
-                         reinterpret_cast<const void*>(strided_copy_kernel)}) {
+                         reinterpret_cast<const void*>(strided_copy_kernel), reinterpret_cast<const void*>(count_u32_kernel)}) {
     cudaFuncAttributes attr;
     const cudaError_t st = cudaFuncGetAttributes(&attr, fn);
     if (st != cudaSuccess) return st;
   }
   return cudaSuccess;
+}
+
+cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream) {
+  count_u32_kernel<<<1, 1, 0, stream>>>(word);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream) {

@@ -67,6 +67,10 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 cudaError_t preload_all_reduce_mhc_kernels(int hc);
 cudaError_t preload_all_gather_kernels();
 
+// *word += 1 by one thread, stream-ordered (the NCCL fallback's progress counts, in host-mapped
+// memory; only this stream writes the word).
+cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream);
+
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream);
 

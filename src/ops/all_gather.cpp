@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
@@ -33,6 +34,8 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   std::exception_ptr local_error;
   try {
     check_all_gather_config(rank_capacity_bytes);
+    detail::DeviceGuard guard(im.comm->device);
+    MHCCL_CUDA(kernels::preload_all_gather_kernels());  // before the agreement: a local error every rank learns of
     // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
     long long v = 0;
     if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);
@@ -44,16 +47,25 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
                  local_error);
   im.capacity = rank_capacity_bytes;
   detail::DeviceGuard guard(im.comm->device);
-  MHCCL_CUDA(kernels::preload_all_gather_kernels());
-  if (im.comm->tp > 1 && im.comm->reachable) {
-    im.mailbox = comm.alloc_symmetric(
-        static_cast<size_t>(kernels::all_gather_mailbox_bytes(im.comm->tp, rank_capacity_bytes / 16)),
-        kernels::kWordSentinel);
-    MHCCL_CUDA(cudaMalloc(&im.state, sizeof(kernels::LamportState)));
-    MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
-    MHCCL_CUDA(cudaStreamSynchronize(im.comm->setup_stream));
+  try {  // after the agreement, a failure here leaves this rank out of step with its peers: unusable
+    if (im.comm->tp > 1 && im.comm->reachable) {
+      im.mailbox = comm.alloc_symmetric(
+          static_cast<size_t>(kernels::all_gather_mailbox_bytes(im.comm->tp, rank_capacity_bytes / 16)),
+          kernels::kWordSentinel);
+      MHCCL_CUDA(cudaMalloc(&im.state, sizeof(kernels::LamportState)));
+      MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
+      im.comm->setup_wait("LamportAllGather construction");
+    }
+    MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
+  } catch (const Error& e) {
+    if (!im.comm->unusable) {
+      im.comm->unusable = true;
+      im.comm->unusable_context = e.context();
+      im.comm->unusable_reason = std::string("LamportAllGather construction on rank ") + std::to_string(im.comm->rank) +
+                                 " failed after the configuration agreement (" + e.what() + ")";
+    }
+    throw;
   }
-  MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
 }
 
 LamportAllGather::~LamportAllGather() = default;
@@ -96,8 +108,13 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     }
     void* dst = static_cast<char*>(out.data) + out.byte_offset;
     if (c.tp > 1 && !c.reachable) {  // NCCL fallback: every byte as sent, as on the Lamport path
-      MHCCL_NCCL(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream));
+        std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
+      if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "LamportAllGather: the NCCL communicator was aborted");
+      c.fallback_mark(true, stream);  // the watchdog's progress counts: NCCL's wait has no budget of its own
       launched = true;
+      c.nccl_wait(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream),
+                  "ncclAllGather of the NCCL fallback");
+      c.fallback_mark(false, stream);
       return;
     }
     kernels::AllGatherParams p = {};

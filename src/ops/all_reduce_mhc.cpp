@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <mutex>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
@@ -190,11 +191,14 @@ struct AllReduceMHC::Impl {
         }
       }
     }
-    comm->all_reduce_ints(local, ncclMin);
+    comm->all_reduce_ints(local, ncclMin, "AllReduceMHC's streaming grid agreement");
     for (int i = 0; i < 4; ++i) {
       for (int v = 0; v < kV; ++v) streaming_ctas[i][v] = local[kV * i + v];
     }
   }
+
+  // The collective part of construction after the agreement: the streaming grid, mailboxes, states.
+  void build(Communicator& comm);
 
   void ensure_fallback_rows(cudaStream_t stream) {
     if (fallback_rows != nullptr) return;
@@ -368,9 +372,16 @@ struct AllReduceMHC::Impl {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
         src = fallback_rows;
       }
-      MHCCL_NCCL(ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size),
-                               ncclBfloat16, ncclSum, c.comm, stream));
+      // Bracketed by the watchdog's progress counts (Communicator::Impl::fallback_mark): NCCL's
+      // wait for a peer has no budget of its own.
+      std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
+      if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "protocol nccl: the NCCL communicator was aborted");
+      c.fallback_mark(true, stream);
       launched = true;
+      c.nccl_wait(ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size), ncclBfloat16, ncclSum,
+                                c.comm, stream),
+                  "ncclAllReduce of the NCCL fallback");
+      c.fallback_mark(false, stream);
       input = ConsumerInput::kDirect;
       cp.in = fallback_rows;
     }
@@ -389,6 +400,11 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   std::exception_ptr local_error;
   try {
     im.configure(config);
+    // Every kernel an op can launch loaded now, before the agreement: a failure here is a
+    // local error every rank learns of there, not a peer left in a later collective.
+    detail::DeviceGuard guard(c.device);
+    MHCCL_CUDA(kernels::preload_all_reduce_mhc_kernels(im.cfg.hc_mult));
+    MHCCL_CUDA(kernels::preload_all_gather_kernels());  // the fill and count kernels among them
   } catch (const Error&) {
     local_error = std::current_exception();
   }
@@ -416,8 +432,29 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
            {"MHCCL_STREAM_REDUCERS", im.reducer_ctas},
            {"force_nccl_fallback", c.options.force_nccl_fallback}},
           local_error);
+  // After the agreement a failure on this rank leaves its peers in a later collective (they
+  // raise kPeerTimeout within the budget): this rank's communicator is out of step with theirs
+  // from then on, so it becomes unusable too.
+  try {
+    im.build(comm);
+  } catch (const Error& e) {
+    if (!c.unusable) {
+      c.unusable = true;
+      c.unusable_context = e.context();
+      c.unusable_reason = std::string("AllReduceMHC construction on rank ") + std::to_string(c.rank) +
+                          " failed after the configuration agreement (" + e.what() +
+                          "); its peers raise kPeerTimeout in the collective it left. Destroy the communicator and "
+                          "its ops and build them again";
+    }
+    throw;
+  }
+}
+
+void AllReduceMHC::Impl::build(Communicator& comm) {
+  Impl& im = *this;
+  Communicator::Impl& c = *im.comm;
+  const AllReduceMHCConfig& cfg = im.cfg;
   detail::DeviceGuard guard(c.device);
-  MHCCL_CUDA(kernels::preload_all_reduce_mhc_kernels(cfg.hc_mult));
   const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
   im.agree_streaming_grid(mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;
@@ -442,7 +479,7 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     }
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
-    MHCCL_CUDA(cudaStreamSynchronize(c.setup_stream));
+    c.setup_wait("AllReduceMHC construction");
   } else if (c.tp > 1) {
     MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
   }

@@ -3,6 +3,7 @@
 // report nobody has read, timeouts make the communicator unusable, route reports reach
 // check_errors() only and once, and peer_failed() (teardown without waiting) follows timeouts.
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string>
 #include <vector>
@@ -245,6 +246,67 @@ TEST(ConfigAgreement, NegativeAndExtremeValuesCompareExactly) {
       EXPECT_EQ(v[1].empty(), a == b);
     }
   }
+}
+
+// The header the agreement exchanges first (PROTOCOL.md, I20), modelled over 2-8 ranks: ranks
+// building the same op agree; ranks building different ops (or another field list) all get the
+// error naming the kinds, from an all-reduce of one size on every rank.
+std::vector<std::string> header_model(const std::vector<std::pair<const char*, comm::ConfigFields>>& ranks) {
+  std::vector<int> reduced;
+  for (const auto& r : ranks) {
+    const std::vector<int> w = comm::agreement_words(comm::agreement_header(r.first, r.second), true);
+    if (reduced.empty()) reduced = w;
+    EXPECT_EQ(w.size(), reduced.size());  // one count whatever the op
+    for (size_t i = 0; i < w.size(); ++i) reduced[i] = std::max(reduced[i], w[i]);
+  }
+  std::vector<std::string> verdicts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    verdicts.push_back(comm::agreement_header_error(ranks[r].first, static_cast<int>(r), reduced));
+  }
+  return verdicts;
+}
+
+TEST(AgreementHeader, DifferentOpsRaiseOnEveryRankNamingTheKinds) {
+  const comm::ConfigFields all_reduce = config_fields(256, 384);
+  const comm::ConfigFields gather = {{"rank_capacity_bytes", 1 << 20}, {"MHCCL_ALLGATHER_PACKS_PER_CTA", 0}};
+  for (const int tp : {2, 4, 8}) {
+    std::vector<std::pair<const char*, comm::ConfigFields>> same(tp, {"AllReduceMHC", all_reduce});
+    for (const std::string& v : header_model(same)) EXPECT_EQ(v, "") << "tp=" << tp;
+    for (int odd = 0; odd < tp; ++odd) {
+      auto ranks = same;
+      ranks[odd] = {"LamportAllGather", gather};
+      const std::vector<std::string> v = header_model(ranks);
+      for (int r = 0; r < tp; ++r) {
+        EXPECT_NE(v[r].find("AllReduceMHC"), std::string::npos) << v[r];
+        EXPECT_NE(v[r].find("LamportAllGather"), std::string::npos) << v[r];
+        EXPECT_NE(v[r].find("rank " + std::to_string(r)), std::string::npos) << v[r];
+      }
+    }
+    // The same op with another field list (another version of the library on one rank).
+    auto other = same;
+    comm::ConfigFields more = all_reduce;
+    more.push_back({"a field one rank has", 1});
+    other[tp - 1] = {"AllReduceMHC", more};
+    for (const std::string& v : header_model(other)) EXPECT_NE(v.find("the same kind of AllReduceMHC"), std::string::npos) << v;
+  }
+}
+
+// The NCCL fallback's watchdog decides from the progress counts alone: stuck once the counts
+// are unequal and unchanged for longer than the budget; idle or progressing never.
+TEST(FallbackWatch, StuckOnlyWhenAnOperationMadeNoProgressForTheBudget) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  Communicator::Impl::FallbackWatch w;
+  EXPECT_FALSE(w.stuck(0, 0, at(0), 100));
+  EXPECT_FALSE(w.stuck(5, 5, at(500), 100));   // idle, however long
+  EXPECT_FALSE(w.stuck(6, 5, at(510), 100));   // an operation entered: the clock starts
+  EXPECT_FALSE(w.stuck(6, 5, at(600), 100));   // 90 ms
+  EXPECT_TRUE(w.stuck(6, 5, at(611), 100));    // 101 ms without progress
+  EXPECT_FALSE(w.stuck(7, 6, at(612), 100));   // progress: starts again
+  EXPECT_FALSE(w.stuck(8, 6, at(700), 100));   // more entered (graph replays queue up): progress too
+  EXPECT_FALSE(w.stuck(8, 7, at(790), 100));
+  EXPECT_TRUE(w.stuck(8, 7, at(891), 100));
 }
 
 }  // namespace

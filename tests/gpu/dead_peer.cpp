@@ -1,8 +1,12 @@
-// A dead peer (issue 7): run as two or more ranks under `mhccl-launch --grace`. After 20 checked
-// calls the last rank kills itself (SIGKILL, mid-run, nothing torn down). Every other rank keeps
-// calling AllReduceMHC and must get Error(kPeerTimeout) naming the dead rank within the wait
-// budget (2 s here) plus a margin, then Error(kUnusable) on the next call, then tear its ops and
-// communicator down without waiting for the dead peer, and exit 0.
+// A dead peer: run as two or more ranks under `mhccl-launch --grace`. After 20 checked calls the
+// last rank kills itself (SIGKILL, mid-run, nothing torn down). Every other rank keeps calling
+// AllReduceMHC and must get Error(kPeerTimeout) naming the dead rank (or, on the NCCL fallback,
+// the stuck NCCL operation) within the wait budget (2 s here) plus a margin, then
+// Error(kUnusable) on the next call, then tear its ops and communicator down without waiting
+// for the dead peer, and exit 0. Modes (argv[1]): lamport (default: the Lamport paths), fallback
+// (force_nccl_fallback: NCCL's wait, bounded by the watchdog, PROTOCOL.md I20), fallback-graph
+// (the same, the survivor replaying a CUDA graph of calls captured before the death: no host
+// call of the library runs while it is stuck).
 //
 // Prints "dead peer: PASS ..." or "dead peer: FAIL ..." (ctest matches those lines; the
 // launcher's own exit code is the dead rank's 137).
@@ -29,7 +33,12 @@ int fail(int rank, const std::string& why) {
   return 1;
 }
 
-int run() {
+int run(const std::string& mode) {
+  const bool fallback = mode != "lamport", graph = mode == "fallback-graph";
+  if (mode != "lamport" && mode != "fallback" && mode != "fallback-graph") {
+    std::printf("dead peer: FAIL: unknown mode '%s' (lamport, fallback, fallback-graph)\n", mode.c_str());
+    return 2;
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::printf("dead peer: SKIPPED: no CUDA device\n");
@@ -48,8 +57,9 @@ int run() {
   constexpr uint64_t kBudgetMs = 2000;
   CommunicatorOptions o;
   o.wait_timeout_ms = kBudgetMs;
+  o.force_nccl_fallback = fallback;
   auto comm = std::make_unique<Communicator>(share_unique_id(ranks), rank, tp, device, o);
-  if (!comm->peers_reachable()) {
+  if (!fallback && !comm->peers_reachable()) {
     std::printf("dead peer: SKIPPED: peers not load/store reachable (no Lamport waits)\n");
     return 77;
   }
@@ -70,6 +80,22 @@ int run() {
     const std::string err = testing::check(p, testing::Variant::kMxfp8, testing::download(p, testing::Variant::kMxfp8, *bufs));
     if (!err.empty()) return fail(rank, "call " + std::to_string(c) + " before the death: " + err);
   }
+  // fallback-graph: a graph of 4 calls, captured (and replayed once, checked) while alive.
+  cudaGraphExec_t exec = nullptr;
+  const testing::Problem gp = testing::make_problem(90500, 8, 5120, 4, tp, false);
+  if (graph) {
+    testing::upload(gp, rank, *bufs);
+    cudaGraph_t g;
+    MHCCL_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 4; ++i) testing::launch(*op, gp, testing::Variant::kPlain, Protocol::kAuto, *bufs, device, stream);
+    MHCCL_TEST_CUDA(cudaStreamEndCapture(stream, &g));
+    MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, g, 0));
+    MHCCL_TEST_CUDA(cudaGraphDestroy(g));
+    MHCCL_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(stream));
+    const std::string err = testing::check(gp, testing::Variant::kPlain, testing::download(gp, testing::Variant::kPlain, *bufs));
+    if (!err.empty()) return fail(rank, "the graph's replay before the death: " + err);
+  }
   if (rank == victim) {
     std::printf("rank %d: 20 calls checked; dying now (SIGKILL)\n", rank);
     std::fflush(stdout);
@@ -83,9 +109,14 @@ int run() {
   for (; calls < 50 && message.empty(); ++calls) {
     const testing::Problem p = testing::make_problem(91000 + calls, calls % 2 ? 5 : 50, 5120, 4, tp, false);
     try {
-      testing::upload(p, rank, *bufs);
-      testing::launch(*op, p, testing::Variant::kPlain, Protocol::kAuto, *bufs, device, stream);
-      MHCCL_TEST_CUDA(cudaStreamSynchronize(stream));
+      if (graph) {
+        MHCCL_TEST_CUDA(cudaGraphLaunch(exec, stream));  // no library call: the watchdog thread must see it
+      } else {
+        testing::upload(p, rank, *bufs);
+        testing::launch(*op, p, testing::Variant::kPlain, Protocol::kAuto, *bufs, device, stream);
+      }
+      cudaStreamSynchronize(stream);  // returns once the stuck operation was aborted (its status aside)
+      cudaGetLastError();
       comm->check_errors();
     } catch (const Error& e) {
       code = e.code();
@@ -95,7 +126,8 @@ int run() {
   const double waited = since(t0);
   if (message.empty()) return fail(rank, "no error in 50 calls after the peer died");
   if (code != ErrorCode::kPeerTimeout) return fail(rank, std::string("expected kPeerTimeout, got ") + error_code_name(code) + ": " + message);
-  if (message.find("waited for rank " + std::to_string(victim)) == std::string::npos) {
+  if (fallback ? message.find("NCCL fallback") == std::string::npos
+               : message.find("waited for rank " + std::to_string(victim)) == std::string::npos) {
     return fail(rank, "the error does not name rank " + std::to_string(victim) + ": " + message);
   }
   if (waited > kBudgetMs / 1000.0 + 8.0) return fail(rank, "the error took " + std::to_string(waited) + " s");
@@ -108,25 +140,26 @@ int run() {
     if (e.code() != ErrorCode::kUnusable) return fail(rank, std::string("expected kUnusable, got ") + e.what());
   }
   const auto t1 = Clock::now();
+  if (exec) cudaGraphExecDestroy(exec);
   bufs.reset();
   op.reset();
   comm.reset();
   MHCCL_TEST_CUDA(cudaStreamDestroy(stream));
   const double teardown = since(t1);
   if (teardown > 10.0) return fail(rank, "teardown took " + std::to_string(teardown) + " s");
-  std::printf("dead peer: PASS rank %d: %s after %d calls and %.2f s (budget %llu ms): \"%s\"; "
+  std::printf("dead peer: PASS (%s) rank %d: %s after %d calls and %.2f s (budget %llu ms): \"%s\"; "
               "next call kUnusable; teardown %.2f s\n",
-              rank, error_code_name(code), calls, waited, static_cast<unsigned long long>(kBudgetMs),
+              mode.c_str(), rank, error_code_name(code), calls, waited, static_cast<unsigned long long>(kBudgetMs),
               message.c_str(), teardown);
   return 0;
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    return run();
+    return run(argc > 1 ? argv[1] : "lamport");
   } catch (const std::exception& e) {
     std::printf("dead peer: FAIL: %s\n", e.what());
     return 1;

@@ -22,7 +22,7 @@ bool Env::same_on_all_ranks(uint64_t hash, int tp) {
   testing::DeviceBuffer in(8);
   in.upload(std::vector<uint64_t>{hash});
   if (scratch.bytes() < 8 * static_cast<size_t>(tp)) scratch = testing::DeviceBuffer(8 * tp);
-  if (ncclAllGather(in.get(), scratch.get(), 8, ncclUint8, world->nccl(), stream) != ncclSuccess) {
+  if (testing::settle_nccl(world->nccl(), ncclAllGather(in.get(), scratch.get(), 8, ncclUint8, world->nccl(), stream)) != ncclSuccess) {
     throw std::runtime_error("ncclAllGather of hashes failed");
   }
   MHCCL_TEST_CUDA(cudaStreamSynchronize(stream));
@@ -40,7 +40,7 @@ std::unique_ptr<Communicator> make_world_communicator(const CommunicatorOptions&
   testing::DeviceBuffer buf(sizeof id * e.world->tp());
   testing::DeviceBuffer mine(sizeof id);
   MHCCL_TEST_CUDA(cudaMemcpy(mine.get(), &id, sizeof id, cudaMemcpyHostToDevice));
-  if (ncclAllGather(mine.get(), buf.get(), sizeof id, ncclUint8, e.world->nccl(), e.stream) != ncclSuccess) {
+  if (testing::settle_nccl(e.world->nccl(), ncclAllGather(mine.get(), buf.get(), sizeof id, ncclUint8, e.world->nccl(), e.stream)) != ncclSuccess) {
     throw std::runtime_error("ncclAllGather of the unique id failed");
   }
   MHCCL_TEST_CUDA(cudaStreamSynchronize(e.stream));

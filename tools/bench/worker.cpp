@@ -59,7 +59,10 @@ struct Ctx {
     if (rank == 0) { std::printf(fmt, a...); std::fflush(stdout); }
   }
   void sync() { MHCCL_TEST_CUDA(cudaStreamSynchronize(stream)); }
-  void nccl(ncclResult_t r) { if (r != ncclSuccess) throw std::runtime_error(ncclGetErrorString(r)); }
+  void nccl(ncclResult_t r) {  // the communicator is non-blocking: settled first
+    r = testing::settle_nccl(comm->nccl(), r);
+    if (r != ncclSuccess) throw std::runtime_error(ncclGetErrorString(r));
+  }
   void barrier() {
     if (tp > 1) nccl(ncclAllReduce(scratch.get(), scratch.get(), 1, ncclInt32, ncclSum, comm->nccl(), stream));
     sync();

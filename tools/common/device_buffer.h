@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 namespace mhccl::testing {
 
@@ -62,6 +66,17 @@ class DeviceBuffer {
 
 // Busy-waits on the GPU for `ns` nanoseconds (bounded by construction): delays a rank.
 cudaError_t launch_gpu_delay(uint64_t ns, cudaStream_t stream);
+
+// The result of an NCCL call on an mhccl communicator's NCCL communicator (Communicator::nccl(),
+// non-blocking): ncclInProgress polled until the operation settles (at most 60 s).
+inline ncclResult_t settle_nccl(ncclComm_t comm, ncclResult_t r) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (r == ncclInProgress && std::chrono::steady_clock::now() < end) {
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+    if (r == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return r;
+}
 
 inline uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
   const auto* p = static_cast<const uint8_t*>(data);
