@@ -47,6 +47,13 @@ TEST(Budgets, OpConstructionWhoseCollectiveNeverCompletesRaises) {
     CommunicatorOptions o;
     o.wait_timeout_ms = 300;
     Communicator c(Communicator::make_unique_id(), 0, 1, env().device, o);
+    {  // every kernel of both ops loaded first: with CUDA's lazy loading, loading one while a
+       // kernel runs waits for it (what the ops' preload at construction is for)
+      AllReduceMHCConfig cfg;
+      cfg.max_num_tokens = 16;
+      AllReduceMHC warm(c, cfg);
+      LamportAllGather warm_gather(c, 4096);
+    }
     // The setup stream held for 3 s, as a collective that a peer never joins holds it.
     MHCCL_TEST_CUDA(testing::launch_gpu_delay(3'000'000'000ull, c.impl()->setup_stream));
     const auto t0 = Clock::now();
