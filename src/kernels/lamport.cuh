@@ -255,11 +255,8 @@ __device__ __forceinline__ uint32_t load_fault_coalesced(const ErrorSink& e) {
 // the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
 // of the group was seen (recorded); the caller then stores nothing more into any mailbox and
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
-// The fault word is read every kFaultSpins spins (a fault raised before or during the wait ends
-// it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256. Not on the first spin: a
-// load there that the next poll waits for delayed every wait that spins at all by a round trip
-// (one H200, 58e1bc0 against 724a539: the one-shot call at M = 1 through the own mailbox 4.32
-// against 3.55 us).
+// The fault word is read on the first spin and every kFaultSpins after (a fault raised before or
+// during the wait ends it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256.
 constexpr uint32_t kFaultSpins = 32;
 template <class Lanes, class T>
 __device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& e, const WaitSite& site) {
@@ -268,13 +265,13 @@ __device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& 
   for (uint32_t spin = 1;; ++spin) {
     v = ld_volatile(slot);
     if (!Lanes::pending(v)) return true;
-    if (spin % kFaultSpins == 0) {
+    if (spin % kFaultSpins == 1) {
       const uint32_t f = load_fault_coalesced(e);
       if (f != 0) {
         record_fault(e, f, site);
         return false;
       }
-      if (spin % 256 == 0 && global_timer_ns() - start > e.timeout_ns) {
+      if (spin % 256 == 1 && global_timer_ns() - start > e.timeout_ns) {
         record_timeout(e, site);
         return false;
       }
