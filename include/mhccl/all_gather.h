@@ -14,8 +14,13 @@ class Communicator;
 
 // Constructed collectively over the communicator's group. One kernel per call: every rank
 // stores its 16-byte packs into slot [generation][rank] of every rank's mailbox, polls its own
-// mailbox with a bounded spin and copies the slots out in rank order. 32-bit words equal to
-// 0x80000000 (the sentinel; FP32 -0.0) arrive as 0 on every rank. TP=1 is a device copy.
+// mailbox with a bounded spin and copies the slots out in rank order. Every byte arrives as
+// sent, for every dtype: a pack holding the sentinel word 0x80000000 (FP32 -0.0, int32
+// INT32_MIN, UE8M0 bytes [2^-127 x 3, 2^1]) or the marker 0x80000001 travels encoded with an
+// escape word (docs/PROTOCOL.md, I1); one without them costs nothing more. Each CTA's call
+// header carries the call's identity (the size, the rank's rejected count): ranks gathering
+// different sizes, or whose calls no longer pair, get Error(kDivergence) (I19). TP=1 is a device
+// copy; the NCCL fallback an ncclAllGather of the bytes as they are.
 class LamportAllGather {
  public:
   // rank_capacity_bytes: a positive multiple of 16, at most 2^40. Mailbox: 3 * tp * capacity

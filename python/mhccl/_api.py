@@ -882,7 +882,8 @@ class LamportAllGather:
 
     Construction is collective over ``group`` (None: the TP group chosen as ``AllReduceMHC``
     chooses it). ``accepts`` decides from the byte size alone, so every rank decides alike.
-    32-bit words equal to 0x80000000 (FP32 -0.0) arrive as 0.
+    Every byte arrives as sent, for every dtype (0x80000000 words, FP32 -0.0 and int32
+    INT32_MIN among them).
     """
 
     def __init__(self, *, rank_capacity_bytes: int, device: Any, group: Any = None) -> None:

@@ -191,11 +191,15 @@ def all_gather(tp, rank, device):
     ag = mhccl.LamportAllGather(rank_capacity_bytes=1 << 20, device=device)
     for n in (4, 1024, 65536):
         parts = [torch.randn(n, generator=torch.Generator().manual_seed(50 + r)).to(device) for r in range(tp)]
+        for p in parts:  # FP32 -0.0 (the Lamport sentinel's bits) arrives as sent
+            p[::3] = -0.0
         out = ag(parts[rank])
         torch.cuda.synchronize()
-        want = torch.cat(parts)
-        want[want.view(torch.int32) == -2 ** 31] = 0.0  # FP32 -0.0 arrives as +0.0
-        assert torch.equal(out, want)
+        assert torch.equal(out.view(torch.int32), torch.cat(parts).view(torch.int32))  # bits
+        ints = [torch.full((n,), -2 ** 31, dtype=torch.int32, device=device) for _ in range(tp)]
+        got = ag(ints[rank])
+        torch.cuda.synchronize()
+        assert torch.equal(got, torch.cat(ints))  # int32 INT32_MIN arrives as sent
     assert ag.accepts(torch.empty(16, dtype=torch.uint8)) and not ag.accepts(torch.empty(8, dtype=torch.uint8))
 
 
