@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <memory>
 #include <random>
@@ -567,6 +568,40 @@ struct ConcurrentGroup {
   }
 };
 
+// Every rank's calls enqueued by `enqueue(r, stream)` on its own stream, with no host sync
+// between them: eagerly, or (graph) captured into one CUDA graph a rank and every rank's graph
+// then launched once. Waits for the device; returns the seconds it all took.
+double run_ranks(const std::vector<cudaStream_t>& streams, bool graph,
+                 const std::function<void(int, cudaStream_t)>& enqueue) {
+  const int tp = static_cast<int>(streams.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<cudaGraphExec_t> execs(tp, nullptr);
+  for (int r = 0; r < tp; ++r) {
+    cudaGraph_t cg;
+    if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal));
+    enqueue(r, streams[r]);
+    if (graph) {
+      MHCCL_TEST_CUDA(cudaStreamEndCapture(streams[r], &cg));
+      MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
+      MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
+    }
+  }
+  if (graph) {
+    for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], streams[r]));
+  }
+  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (cudaGraphExec_t e : execs) {
+    if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
+  }
+  return secs;
+}
+std::vector<cudaStream_t> streams_of(const ConcurrentGroup& g) {
+  std::vector<cudaStream_t> s;
+  for (const auto& k : g.ranks) s.push_back(k->stream);
+  return s;
+}
+
 int64_t rows_for(Kind k, uint64_t pick) {
   switch (k) {
     case Kind::kSingle: return 1 + static_cast<int64_t>(pick % 3);
@@ -713,27 +748,12 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
         }
         calls.push_back(std::move(pc));
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<cudaGraphExec_t> execs(tp, nullptr);
-      for (int r = 0; r < tp; ++r) {
-        cudaStream_t s = g.ranks[r]->stream;
-        cudaGraph_t cg;
-        if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      const double secs = run_ranks(streams_of(g), graph, [&](int r, cudaStream_t s) {
         for (PlannedCall& pc : calls) {
           if (pc.delay_ns[r] > 0) MHCCL_TEST_CUDA(testing::launch_gpu_delay(pc.delay_ns[r], s));
           g.launch(r, pc.kind, pc.p, pc.v, *pc.bufs[r]);
         }
-        if (graph) {
-          MHCCL_TEST_CUDA(cudaStreamEndCapture(s, &cg));
-          MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
-          MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
-        }
-      }
-      if (graph) {
-        for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], g.ranks[r]->stream));
-      }
-      MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
       const std::string what = std::string(kind_name(kind)) + (graph ? " (graph)" : " (eager)") + " tp=" + std::to_string(tp);
       EXPECT_LT(secs, 10.0) << what;
       int timed_out = 0;
@@ -761,9 +781,6 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
         }
       }
       EXPECT_GE(timed_out, 1) << what << ": no rank recorded the timeout itself";
-      for (cudaGraphExec_t e : execs) {
-        if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
-      }
     }
   }
 }
@@ -841,33 +858,15 @@ void run_divergence(int tp, Kind kind, Divergence d, bool graph, int calls, int 
   MHCCL_TEST_CUDA(cudaDeviceSynchronize());
   const std::string what = std::string(divergence_name(d)) + ", " + kind_name(kind) + (graph ? " (graph)" : " (eager)") +
                            " tp=" + std::to_string(tp);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<cudaGraphExec_t> execs(tp, nullptr);
-  for (int r = 0; r < tp; ++r) {
-    cudaStream_t st = g.ranks[r]->stream;
-    cudaGraph_t cg;
-    if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  const double secs = run_ranks(streams_of(g), graph, [&](int r, cudaStream_t) {
     RankPlan& rp = plans[r];
     for (size_t i = 0; i < rp.problems.size(); ++i) {
       if (rp.rejected_before[i]) ++g.rejected[r];
       g.launch(r, kind, rp.problems[i], rp.variants[i], *rp.bufs[i]);
     }
     if (rp.rejected_before[rp.problems.size()]) ++g.rejected[r];
-    if (graph) {
-      MHCCL_TEST_CUDA(cudaStreamEndCapture(st, &cg));
-      MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
-      MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
-    }
-  }
-  if (graph) {
-    for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], g.ranks[r]->stream));
-  }
-  MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
   EXPECT_LT(secs, 5.0) << what;
-  for (cudaGraphExec_t e : execs) {
-    if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
-  }
   int found = 0;
   for (int r = 0; r < tp; ++r) {
     const RankPlan& rp = plans[r];
@@ -1105,12 +1104,7 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
         g_out.emplace_back(static_cast<size_t>(kGatherBytes * tp));
       }
       MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<cudaGraphExec_t> execs(tp, nullptr);
-      for (int r = 0; r < tp; ++r) {
-        cudaStream_t st = a.ranks[r]->stream;
-        cudaGraph_t cg;
-        if (graph) MHCCL_TEST_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      const double secs = run_ranks(streams_of(a), graph, [&](int r, cudaStream_t st) {
         for (int c = 0; c < kCallsA + kCallsB; ++c) {
           if (r == stalled && c == kStallCall) MHCCL_TEST_CUDA(testing::launch_gpu_delay(5 * kBudgetNs, st));
           Planned& pc = plan[c];
@@ -1122,23 +1116,10 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
             for (int k = 0; k < kGathers; ++k) ag.launch(r, g_in[r].get(), g_out[r].get(), kGatherBytes, 0, st);
           }
         }
-        if (graph) {
-          MHCCL_TEST_CUDA(cudaStreamEndCapture(st, &cg));
-          MHCCL_TEST_CUDA(cudaGraphInstantiate(&execs[r], cg, 0));
-          MHCCL_TEST_CUDA(cudaGraphDestroy(cg));
-        }
-      }
-      if (graph) {
-        for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(cudaGraphLaunch(execs[r], a.ranks[r]->stream));
-      }
-      MHCCL_TEST_CUDA(cudaDeviceSynchronize());
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
       const std::string what = std::string(kind_name(kind)) + " then " + kind_name(kind_b) + (graph ? " (graph)" : " (eager)") +
                                " tp=" + std::to_string(tp);
       EXPECT_LT(secs, 10.0) << what;
-      for (cudaGraphExec_t e : execs) {
-        if (e) MHCCL_TEST_CUDA(cudaGraphExecDestroy(e));
-      }
       for (int r = 0; r < tp; ++r) {
         const ErrorRecord t = a.sinks[r]->timeout();
         EXPECT_EQ(t.ready, 1u) << what << ": rank " << r << " recorded no error";
