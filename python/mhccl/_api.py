@@ -505,7 +505,7 @@ def _counting_rejections(op, fn, *args, **kwargs):
     op counted it as rejected (a check of this package, a torch allocation or copy, the binding's
     conversions), the call is counted here: every rank's contribution to a call carries its
     count of rejected calls, so that a call rejected on some ranks only is an error on every
-    rank at the next call (``DivergenceError``-class RuntimeError) instead of the ranks' calls
+    rank at the next call (a RuntimeError from the C++ kDivergence) instead of the ranks' calls
     pairing wrongly from then on (SPEC.md, "Ranks that diverge get an error"). Not while
     torch.compile traces (no call is made then)."""
     comm = getattr(op, "_comm", None)  # None: an instance without its C++ side (the CPU tests')
