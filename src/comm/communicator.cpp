@@ -259,25 +259,27 @@ void Communicator::Impl::budget_expired(const char* what) {
   fail(ErrorCode::kPeerTimeout, msg, ErrorContext{-1, -1, what});
 }
 
+// Polls the non-blocking communicator until its pending operation settles or the budget passes;
+// `state` then holds what ncclCommGetAsyncError last said (ncclInProgress: not settled).
+bool Communicator::Impl::nccl_settled(ncclResult_t& state) {
+  return poll_within(options.wait_timeout_ms, [&] {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
+    return state != ncclInProgress;
+  });
+}
+
 void Communicator::Impl::nccl_wait(ncclResult_t status, const char* what) {
   detail::check_nccl(status, what);
   if (!nonblocking || comm == nullptr) return;
   ncclResult_t state = status;
-  const bool settled = poll_within(options.wait_timeout_ms, [&] {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
-    return state != ncclInProgress;
-  });
-  if (!settled) budget_expired(what);
+  if (!nccl_settled(state)) budget_expired(what);
   detail::check_nccl(state, what);
 }
 
 bool Communicator::Impl::nccl_settles_quietly() {
   if (!nonblocking || comm == nullptr) return true;
   ncclResult_t state = ncclInProgress;
-  return poll_within(options.wait_timeout_ms, [&] {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
-    return state != ncclInProgress;
-  }) && state == ncclSuccess;
+  return nccl_settled(state) && state == ncclSuccess;
 }
 
 void Communicator::Impl::setup_wait(const char* what) {
@@ -313,24 +315,29 @@ bool Communicator::Impl::FallbackWatch::stuck(uint32_t entered_now, uint32_t lef
   return now - since > std::chrono::milliseconds(budget_ms);
 }
 
+// One look of the watchdog (the caller holds nccl_mutex): whether the fallback's progress counts
+// show an operation stuck past the budget; then the communicator is aborted and the reason kept.
+bool Communicator::Impl::watch_fallback() {
+  if (watchdog_tripped) return true;
+  const volatile uint32_t* w = fallback_progress;
+  if (w == nullptr || !fallback_watch.stuck(w[0], w[1], Clock::now(), options.wait_timeout_ms)) return false;
+  watchdog_reason = "NCCL fallback on rank " + std::to_string(rank) + ": an NCCL operation of this group waited "
+                    "longer than " + std::to_string(options.wait_timeout_ms) +
+                    " ms (CommunicatorOptions::wait_timeout_ms) for a peer that died, hung, or issued a different "
+                    "sequence of calls; the watchdog aborted the NCCL communicator" +
+                    (owns_comm ? "" : " (it is the caller's: ncclCommAbort was not called; abort it)") +
+                    ". The communicator is unusable: destroy it and its ops and build them again";
+  abort_nccl();
+  watchdog_tripped = true;
+  return true;
+}
+
 void Communicator::Impl::check_fallback() {
   if (!watchdog_tripped && fallback_progress != nullptr && fallback_progress[0] != 0) {
     std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
-    const volatile uint32_t* w = fallback_progress;
-    if (!watchdog_tripped && fallback_watch.stuck(w[0], w[1], Clock::now(), options.wait_timeout_ms)) {
-      watchdog_reason = "NCCL fallback on rank " + std::to_string(rank) + ": an NCCL operation of this group waited "
-                        "longer than " + std::to_string(options.wait_timeout_ms) +
-                        " ms (CommunicatorOptions::wait_timeout_ms) for a peer that died, hung, or issued a "
-                        "different sequence of calls; the NCCL communicator was aborted" +
-                        (owns_comm ? "" : " (it is the caller's: ncclCommAbort was not called; abort it)") +
-                        ". The communicator is unusable: destroy it and its ops and build them again";
-      watchdog_tripped = true;
-    }
+    watch_fallback();
   }
-  if (watchdog_tripped) {
-    abort_nccl();
-    if (!unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
-  }
+  if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
 void Communicator::Impl::fallback_mark(bool in, cudaStream_t stream) {
@@ -341,22 +348,8 @@ void Communicator::Impl::fallback_mark(bool in, cudaStream_t stream) {
     watchdog = std::thread([this, every] {
       while (!watchdog_stop) {
         std::this_thread::sleep_for(every);
-        if (watchdog_tripped) break;
         std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
-        const volatile uint32_t* w = fallback_progress;
-        if (fallback_watch.stuck(w[0], w[1], Clock::now(), options.wait_timeout_ms)) {
-          watchdog_reason = "NCCL fallback on rank " + std::to_string(rank) + ": an NCCL operation of this group "
-                            "waited longer than " + std::to_string(options.wait_timeout_ms) +
-                            " ms (CommunicatorOptions::wait_timeout_ms) for a peer that died, hung, or issued a "
-                            "different sequence of calls; the watchdog aborted the NCCL communicator. The "
-                            "communicator is unusable: destroy it and its ops and build them again";
-          if (owns_comm && comm != nullptr) {
-            ncclCommAbort(comm);
-            comm = nullptr;
-          }
-          watchdog_tripped = true;
-          break;
-        }
+        if (watch_fallback()) break;
       }
     });
   }

@@ -51,6 +51,7 @@ struct Communicator::Impl {
   // For teardown (never throws): whether the communicator's pending NCCL operation settled
   // within the budget (true where it is blocking: its calls returned settled).
   bool nccl_settles_quietly();
+  bool nccl_settled(ncclResult_t& state);  // the poll both use
 
   // --- The NCCL fallback's watchdog (PROTOCOL.md, I20) --------------------------------------
   // An NCCL fallback call waits on the GPU, stream-ordered, where no host thread waits: a dead
@@ -79,6 +80,7 @@ struct Communicator::Impl {
   void fallback_mark(bool in, cudaStream_t stream);
   // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
   void check_fallback();
+  bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
