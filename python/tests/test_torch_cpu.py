@@ -781,7 +781,7 @@ def test_mxfp8_outputs_of_their_float8_formats_reach_the_cpp_call_as_bytes(recor
     assert args[-6].data_ptr() == values.data_ptr() and args[-5].data_ptr() == scales.data_ptr()
 
 
-# --- session 8: what a tester found (inputs that reached the kernels or gave wrong layouts) ----
+# --- what a tester found (45f78e8: inputs that reached the kernels or gave wrong layouts) -----
 
 def test_inputs_of_another_shape_are_passed_on_uncopied(recording_op):
     """A non-contiguous input is copied only when its shape is the one the C++ check asks for: an

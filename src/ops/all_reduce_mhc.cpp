@@ -33,11 +33,11 @@ using kernels::ConsumerVariant;
 using kernels::PublishDest;
 using kernels::PublishParams;
 
-// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2 (session 2,
+// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on 2 x H200 (2026-11-30,
 // CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp
 // rows per row). For call, two-shot measured 1-3% faster than the CTA-per-row one-shot from 512
-// rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048 (session 2). Since
-// session 4 one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
+// rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048. Since ffb6213
+// one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
 // finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
 // under the NVLink stores and two-shot serializes before the owners' reduce (17% slower at
 // 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
