@@ -155,7 +155,7 @@ fi
 if [[ " $stages " == *" abtree "* ]]; then
   # A/B of builds in one run, alternated: this tree's build ($B) against older trees carried
   # in AB_TREES (default .ab-old; each e.g. `git archive <commit> | tar -x -C .ab-old`, excluded
-  # from git and named in the run's carry), each built (mhccl-bench only, all at once) into its
+  # from git and copied to the GPU machine with the tree), each built (mhccl-bench only, all at once) into its
   # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
   trees=(${AB_TREES:-.ab-old})
   stamp "abtree: build ${trees[*]}"

@@ -873,7 +873,7 @@ def test_fp8_scales_of_m_equal_to_groups_are_taken_as_g_by_mp():
 
 
 def test_all_gather_refuses_more_than_16_dimensions_everywhere(recording_op):
-    """accepts() says what the call does: 17 dimensions are refused by both (the README's
+    """accepts() says what the call does: 17 dimensions are refused by both (docs/USAGE.md's
     ``gather(t) if gather.accepts(t) else fallback(t)`` pattern)."""
     _, rec = recording_op
     ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)
