@@ -800,8 +800,8 @@ def plot(rows, path, title):
 
 def print_fp8_table(ctx: Ctx, results, ms, op: str):
     """The fused fp8 variant against mhccl plain and against plain + the separate compiled
-    quantization (as PERFORMANCE.md's mhccl-bench FP8 table), then the other implementations'
-    fp8 variants."""
+    quantization (as PERFORMANCE-HISTORY.md's mhccl-bench FP8 table), then the other
+    implementations' fp8 variants."""
     fused = results.get((op, "fp8", "mhccl"), {})
     plain = results.get((op, "plain", "mhccl"), {})
     separate = results.get((op, "fp8", SEPARATE_QUANT), {})

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One session on a lent GPU machine (the `device` tool): builds there, runs the GPU tests at
+# A run on a GPU machine (one call of a few minutes): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
 # python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep, peers, example (default: build tests
 # bench). Extra bench arguments via BENCH_ARGS.
@@ -44,7 +44,7 @@ if [[ " $stages " == *" tests "* ]]; then
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
   grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
   # mhccl-bench's own checks (the FP8 baseline kernel among them): the A/B stages time with
-  # --no-check, and a check the bench alone makes went unrun for two sessions (DEVICE-RUNS, session 11).
+  # --no-check, and a check the bench alone makes went unrun from 5a2bbe7 to 412366f (DEVICE-RUNS, 2026-12-01).
   stamp "mhccl-bench --check-only"
   timeout 200 "$B/tools/bench/mhccl-bench" --check-only > "$OUT/bench-check.log" 2>&1
   echo "bench checks rc=$?"; grep -E "FAIL|failed|error" "$OUT/bench-check.log" | head -20
@@ -94,7 +94,7 @@ if [[ " $stages " == *" sanitize "* ]]; then
   # compute-sanitizer on the GPU tests (Firecracker machines only): memcheck, racecheck and
   # synccheck (SAN_TOOLS) at TP=1 and TP=2 (SAN_TPS); filters SAN_FILTER (memcheck) and RS_FILTER.
   # Each pattern gets tpN appended, so it selects the names that end so: the plain instance
-  # (.../tp1), not .../tp1_fp8 (call compute-sanitizer directly for those: session 10, run 7).
+  # (.../tp1), not .../tp1_fp8 (call compute-sanitizer directly for those, as DEVICE-RUNS' 2026-12-01 run at 2c129f5 did).
   # API errors are not reported: NCCL's init probes kernels with cudaFuncGetAttributes and gets
   # cudaErrorNoKernelImageForDevice for images it does not carry (handled inside NCCL).
   SAN_FILTER=${SAN_FILTER:-*Dsv41EveryVariantEveryM*:*ProtocolsGiveIdenticalBits*:*InvalidRoute*:*StreamingConsumerEqualsRowPerCta*:*AllGather.SizesAgainstReference*:*AllGather.StridedAndMisaligned*}
@@ -138,7 +138,7 @@ if [[ " $stages " == *" bench "* ]]; then
   grep -E "^  (call|finalize) +plain +(1|8|64|128) |all checks|FAILED" "$OUT/bench.log" | head -30
 fi
 if [[ " $stages " == *" ab "* ]]; then
-  # A/B of the AllReduceMHC kernels at TP=2 in one session, alternated (new, old, AB_ROUNDS times):
+  # A/B of the AllReduceMHC kernels at TP=2 in one run, alternated (new, old, AB_ROUNDS times):
   # "new" is the build's default; "old" sets the variables in AB_OLD_ENV (e.g.
   # AB_OLD_ENV="MHCCL_STREAMING_MIN_ROWS=0"; empty: the same build twice, a noise check).
   for i in $(seq ${AB_ROUNDS:-1}); do
@@ -153,9 +153,9 @@ if [[ " $stages " == *" ab "* ]]; then
   done
 fi
 if [[ " $stages " == *" abtree "* ]]; then
-  # A/B of builds in one session, alternated: this tree's build ($B) against older trees carried
+  # A/B of builds in one run, alternated: this tree's build ($B) against older trees carried
   # in AB_TREES (default .ab-old; each e.g. `git archive <commit> | tar -x -C .ab-old`, excluded
-  # from git and named in the run's carry), each built (mhccl-bench only, all at once) into its
+  # from git and copied to the GPU machine with the tree), each built (mhccl-bench only, all at once) into its
   # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
   trees=(${AB_TREES:-.ab-old})
   stamp "abtree: build ${trees[*]}"
@@ -265,5 +265,5 @@ if [[ " $stages " == *" example "* ]]; then
   fi
 fi
 stamp "done"
-# The device tool returns a few files only: every log goes back in one archive.
+# Only a few files come back from the GPU machine: every log goes back in one archive.
 ( cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$') )

@@ -57,11 +57,12 @@ struct AllReduceMHCConfig {
   // two-shot threshold. 0 (the default): never. Why opt-in: NCCL waits for a dead peer without
   // a budget (no kPeerTimeout; the Lamport paths never hang). Why one may want it: at TP=2 and
   // M >= 4096 the NCCL all-reduce + the streaming consumer beats both Lamport protocols for call
-  // (session 3: 271 vs 300 us two-shot at M = 4096, 517 vs 597 at 8192; about even at 2048; finalize: never
-  // faster). The same bits at TP=2 only (at TP > 2 NCCL's sum is not in rank order). Where set
-  // at or below max_num_tokens, the NCCL path's row buffer (C * H * 2 bytes) is allocated at
-  // construction, so CUDA-graph capture needs no first eager call. Forced one-shot and two-shot
-  // stay available (the mailboxes are sized by the two-shot thresholds alone).
+  // (2 x H200, 2026-12-01, 6c0c77d: 271 vs 300 us two-shot at M = 4096, 517 vs 597 at 8192;
+  // about even at 2048; finalize: never faster). The same bits at TP=2 only (at TP > 2 NCCL's
+  // sum is not in rank order). Where set at or below max_num_tokens, the NCCL path's row buffer
+  // (C * H * 2 bytes) is allocated at construction, so CUDA-graph capture needs no first eager
+  // call. Forced one-shot and two-shot stay available (the mailboxes are sized by the two-shot
+  // thresholds alone).
   int64_t nccl_min_rows = 0;
   int64_t nccl_min_finalize_rows = 0;
   // Programmatic dependent launch: kernels may start while their predecessor runs and wait
@@ -80,7 +81,7 @@ struct AllReduceMHCConfig {
   // some reduce the owned rows) while the others consume, so the NVLink stores overlap the
   // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, TP=1 finalize with
   // top_k <= 8, after the NCCL fallback's all-reduce) when M exceeds the CTAs resident at once;
-  // one-shot from 1024 rows; two-shot never (measured on one GPU so far: docs/PERFORMANCE.md).
+  // one-shot from 1024 rows; two-shot never (measured on one GPU so far: docs/PERFORMANCE-HISTORY.md).
   int64_t streaming_min_rows = -1;
   // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
   // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the

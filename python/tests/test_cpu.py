@@ -241,9 +241,9 @@ def test_devices_of_a_wrong_type_are_type_errors(device):
 
 
 def test_an_extension_built_for_another_python_is_named(tmp_path):
-    """The package with only another Python's extension (the README's PYTHONPATH=build/python from
-    a virtualenv of another version): the error names the file and says why, not only "needs the
-    CUDA 13 runtime and NCCL"."""
+    """The package with only another Python's extension (docs/USAGE.md's PYTHONPATH=build/python
+    from a virtualenv of another version): the error names the file and says why, not only "needs
+    the CUDA 13 runtime and NCCL"."""
     import shutil
     import subprocess
     import sys as _sys

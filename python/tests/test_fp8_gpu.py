@@ -37,7 +37,7 @@ def per_token_group_quant_fp8(x, ue8m0):
     amax = groups.abs().amax(-1).clamp(min=1e-10)  # FP32
     # IEEE division by 448, as vLLM's CUDA kernel's `absmax / max_8bit`: divided by a tensor, not
     # by the Python float, which PyTorch's CUDA division turns into a multiplication by its
-    # reciprocal (1 ulp off in some scales: measured on one H200, session 7).
+    # reciprocal (1 ulp off in some scales: measured on one H200, 2026-12-01, 16a0528).
     s = amax / torch.full_like(amax, 448.0)
     if ue8m0:
         s = pow2_ceil(s)
@@ -159,7 +159,7 @@ def test_fp8_argument_errors_leave_the_op_usable(ops):
     with pytest.raises(ValueError, match="need an instance built with quantize_layer_input_fp8=true"):
         _run(built["plain"], inp, ranks[0], False, fp8_out=(values, scales))
     # An empty_strided [M, G] view without the last column's padding rows (vLLM's TMA-aligned
-    # scales) used to be refused here; it is accepted since session 9 (scales_form "vllm" above).
+    # scales) used to be refused here; it is accepted since 5a2bbe7 (scales_form "vllm" above).
     with pytest.raises(ValueError, match="fp8 scales: expected dtype float32"):
         _run(built[False], inp, ranks[0], False, fp8_out=(values, scales.to(torch.float16)))
     res, li = _run(built[False], inp, ranks[0], False, fp8_out=(values, scales))  # still works

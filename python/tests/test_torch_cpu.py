@@ -781,7 +781,7 @@ def test_mxfp8_outputs_of_their_float8_formats_reach_the_cpp_call_as_bytes(recor
     assert args[-6].data_ptr() == values.data_ptr() and args[-5].data_ptr() == scales.data_ptr()
 
 
-# --- session 8: what a tester found (inputs that reached the kernels or gave wrong layouts) ----
+# --- what a tester found (45f78e8: inputs that reached the kernels or gave wrong layouts) -----
 
 def test_inputs_of_another_shape_are_passed_on_uncopied(recording_op):
     """A non-contiguous input is copied only when its shape is the one the C++ check asks for: an
@@ -873,7 +873,7 @@ def test_fp8_scales_of_m_equal_to_groups_are_taken_as_g_by_mp():
 
 
 def test_all_gather_refuses_more_than_16_dimensions_everywhere(recording_op):
-    """accepts() says what the call does: 17 dimensions are refused by both (the README's
+    """accepts() says what the call does: 17 dimensions are refused by both (docs/USAGE.md's
     ``gather(t) if gather.accepts(t) else fallback(t)`` pattern)."""
     _, rec = recording_op
     ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)

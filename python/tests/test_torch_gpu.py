@@ -204,7 +204,7 @@ def test_opcheck_on_cuda(op, finalize, variant):
     values, scales = o.get("mxfp8_out", (None, None))
     # As uint8 views (which the op takes too): opcheck's schema check compares a mutated
     # float8_e4m3fn tensor with arithmetic CUDA does not implement for it ("mul_cuda" not
-    # implemented for 'Float8_e4m3fn', torch 2.11, session 6).
+    # implemented for 'Float8_e4m3fn', torch 2.11, one H200, 2026-12-01).
     if values is not None and values.dtype != torch.uint8:
         values = values.view(torch.uint8)
     torch.library.opcheck(getattr(torch.ops.mhccl, name + "_out"),

@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
 // (TP=1's x, finalize's x, a two-shot reduced row) from +0.0 is a BF16 value already: the
 // rounding is skipped there (it is exact, and a NaN stays a NaN, which every output rounds
 // to the same BF16 NaN), which saves 4 conversions a pack, the cost of the collapse's rounding
-// (one H200, session 7: with both, the direct call at M = 4096 was 3.5% slower).
+// (one H200, 2026-12-01, ae8bf87: with both, the direct call at M = 4096 was 3.5% slower).
 template <ConsumerInput IN>
 __device__ __forceinline__ void round_sum_to_bf16(float (&y)[8], int inputs) {
   if (IN == ConsumerInput::kPoll && inputs > 1) unpack_bf16(pack_bf16(y), y);
@@ -517,7 +517,7 @@ __device__ __forceinline__ void epilogue_pack(const ConsumerParams& p, int64_t r
           // The column's padding rows M .. Mp-1 (at most 3): written by the last row's CTA, every
           // call, where they lie inside the tensor given (an MN-major view ends at the last
           // column's row M - 1). Three predicated stores, not a loop: a loop with the bound in it
-          // cost the call 0.03-0.06 us at M = 1 and 2 (PERFORMANCE.md, session 10).
+          // cost the call 0.03-0.06 us at M = 1 and 2 (one H200, 2026-12-01, ef5bb80).
           if (row == p.m - 1) {
             const int64_t end = min(mp, p.fp8_scale_floats - g * mp);  // column g's rows inside it
 #pragma unroll

@@ -269,7 +269,7 @@ constexpr size_t kMaxStreamingSmem = 200 * 1024;
 // streams (one launch, its own publishing CTAs) from this many rows; two-shot does not. Measured
 // on one H200 through the own mailbox (TP=1 self-test, docs/PERFORMANCE.md): streaming is 8%
 // slower at 512 rows, 5% (call) and 16% (finalize) faster at 1024, 14-22% from 2048. TP=2 is
-// yet to be measured (no 2-GPU machine lent since it was written).
+// yet to be measured (not yet run on two GPUs).
 constexpr int64_t kPollStreamingMinRows = 1024;
 
 struct ConsumerParams {

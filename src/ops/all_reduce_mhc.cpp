@@ -33,11 +33,11 @@ using kernels::ConsumerVariant;
 using kernels::PublishDest;
 using kernels::PublishParams;
 
-// Rows from which two-shot is used (docs/PERFORMANCE.md). TP=2, measured on H200 x2 (session 2,
-// CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs 2 (tp - 1) / tp
-// rows per row). For call, two-shot measured 1-3% faster than the CTA-per-row one-shot from 512
-// rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048 (session 2). Since
-// session 4 one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
+// Rows from which two-shot is used (docs/PERFORMANCE-HISTORY.md). TP=2, measured on 2 x H200
+// (2026-11-30, CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs
+// 2 (tp - 1) / tp rows per row). For call, two-shot measured 1-3% faster than the CTA-per-row
+// one-shot from 512 rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048.
+// Since ffb6213 one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
 // finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
 // under the NVLink stores and two-shot serializes before the owners' reduce (17% slower at
 // 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
@@ -46,7 +46,7 @@ using kernels::PublishParams;
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold never reached
 // CTAs that publish in a streaming Lamport call (call, finalize; one-shot and two-shot), and
 // two-shot's owner CTAs: enough that this rank's rows leave at the NVLink rate while the other
-// CTAs consume (docs/PERFORMANCE.md).
+// CTAs consume (docs/PERFORMANCE-HISTORY.md).
 constexpr int kDefaultPublisherCtas = 16;
 constexpr int kDefaultFinalizePublisherCtas = 40;
 constexpr int kDefaultReducerCtas = 16;
@@ -102,7 +102,7 @@ struct AllReduceMHC::Impl {
     }
     // The NCCL path in the automatic choice: never by default. NCCL's wait for a dead peer has no
     // budget (no kPeerTimeout, I12), which the Lamport paths promise; a caller who trades that for
-    // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE.md).
+    // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE-HISTORY.md).
     if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
     if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
     np = static_cast<int>(cfg.hidden_size / 8);

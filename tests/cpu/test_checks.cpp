@@ -795,7 +795,7 @@ TEST(AllGatherChecks, OutputApartFromInput) {
                {"input", "2^62"});
 }
 
-// Found by an adversarial review (session 2): shapes read before their dimensions were checked,
+// Found by an adversarial review (0dd9eb6): shapes read before their dimensions were checked,
 // element sizes whose product with the element count wrapped, null data pointers.
 TEST_F(Checks, FinalizeTensorsWithoutShapeOrWithTooManyDims) {
   int64_t two[2] = {5, 3};

@@ -3,7 +3,7 @@
 // another, and every rank's outputs are checked against the CPU reference and compared across
 // ranks. What it checks that TP=1 cannot: the rank-dependent arithmetic of the protocols (slot
 // order, rotated targets, owners and owned rows, the owners' reduce, the resets of each rank's
-// slots) at every tp the library supports, before a machine with that many GPUs is lent. What it
+// slots) at every tp the library supports, without a machine of that many GPUs. What it
 // cannot: NVLink (every "peer" is memory of the one device) and timing.
 //
 // The paths, for one-shot and two-shot, call and finalize, every variant:
@@ -528,7 +528,7 @@ struct ConcurrentGroup {
   std::vector<uint32_t> rejected = std::vector<uint32_t>(kMaxTp, 0);
   // PDL at TP=2 only: a dependent grid launched early holds its SMs while it waits in
   // griddepcontrol.wait, and with four ranks' grids (clusters of 5 CTAs among them) on one GPU
-  // that starved a peer's kernel of SMs (session 6 run 2: 10 s timeouts at TP=4 only, in calls
+  // that starved a peer's kernel of SMs (one H200, 2026-12-01, b8e9e10: 10 s timeouts at TP=4 only, in calls
   // the same sequence passes at TP=2), which a GPU a rank never sees.
   bool pdl() const { return tp <= 2; }
 
