@@ -12,8 +12,9 @@ std::string nccl_library_text();
 
 // Whether the kernels of this build run on a device of compute capability major.minor, and how:
 // "sm_90 SASS", "compute_100 PTX, compiled by the driver at load", or "none: this build holds
-// 90 (rebuild with CMAKE_CUDA_ARCHITECTURES including 103)". `architectures` is CMake's list
-// (CMAKE_CUDA_ARCHITECTURES: "90", "90-real 100", "100a", "90-virtual"), separated by spaces.
+// 90 (rebuild with CMAKE_CUDA_ARCHITECTURES including 103)" ("not known: ..." for CMake's own
+// choices, native or all). `architectures` is CMake's list (CMAKE_CUDA_ARCHITECTURES: "90",
+// "90-real 100", "100a", "90-virtual"), separated by spaces.
 std::string kernels_for(const std::string& architectures, int major, int minor);
 
 // The CUDA architectures libmhccl was compiled for (CMAKE_CUDA_ARCHITECTURES, space-separated).

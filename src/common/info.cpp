@@ -61,13 +61,17 @@ std::string kernels_for(const std::string& architectures, int major, int minor) 
   const int cc = major * 10 + minor;
   std::istringstream in(architectures);
   std::string sass, ptx;
+  bool symbolic = false;  // all, all-major, native: CMake chose the architectures
   for (std::string a; in >> a;) {
     const bool real_only = a.size() > 5 && a.compare(a.size() - 5, 5, "-real") == 0;
     const bool virtual_only = a.size() > 8 && a.compare(a.size() - 8, 8, "-virtual") == 0;
     std::string num = a.substr(0, a.find('-'));
     const char suffix = !num.empty() && (num.back() == 'a' || num.back() == 'f') ? num.back() : '\0';
     if (suffix != '\0') num.pop_back();
-    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) continue;  // all, native, ...
+    if (num.empty() || num.size() > 4 || num.find_first_not_of("0123456789") != std::string::npos) {
+      symbolic = true;
+      continue;
+    }
     const int arch = std::stoi(num);
     const std::string name = num + (suffix ? std::string(1, suffix) : "");
     // SASS runs on the same major version at an equal or newer minor (an arch-specific "a" build
@@ -78,6 +82,7 @@ std::string kernels_for(const std::string& architectures, int major, int minor) 
   }
   if (!sass.empty()) return sass;
   if (!ptx.empty()) return ptx;
+  if (symbolic) return "not known: this build holds the architectures CMake chose for " + architectures;
   return "none: this build holds " + architectures + " (rebuild with CMAKE_CUDA_ARCHITECTURES including " +
          std::to_string(cc) + ")";
 }

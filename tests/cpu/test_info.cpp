@@ -95,6 +95,8 @@ TEST(KernelsFor, SassOfTheSameMajorThenPtx) {
   EXPECT_EQ(kernels_for("100a", 10, 3),
             "none: this build holds 100a (rebuild with CMAKE_CUDA_ARCHITECTURES including 103)");
   EXPECT_EQ(kernels_for("90-virtual", 9, 0), "compute_90 PTX, compiled by the driver at load");
+  EXPECT_EQ(kernels_for("native", 9, 0), "not known: this build holds the architectures CMake chose for native");
+  EXPECT_EQ(kernels_for("all-major 90", 9, 0), "sm_90 SASS");
   EXPECT_EQ(kernels_for("90-real", 8, 0),
             "none: this build holds 90-real (rebuild with CMAKE_CUDA_ARCHITECTURES including 80)");
 }
