@@ -3,7 +3,7 @@
 # inside the wheel and the nvidia-nccl-cu13 / nvidia-cuda-runtime wheels; installed with its
 # dependencies into a fresh virtualenv, `import mhccl` works, the version is the metadata's,
 # the stubs are there, the extension loads libnccl and libcudart from those wheels, and the
-# Python CPU tests pass against the installed package.
+# Python CPU tests (python -m mhccl.info among them) pass against the installed package.
 #   scripts/check-wheel.sh dist/mhccl-*.whl     (VENV: where the virtualenv goes)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,5 +55,5 @@ for lib, where in (("libnccl.so", "nvidia/nccl/lib"), ("libcudart.so", "nvidia/c
     print(f"  loaded {lib}: {paths}")
     assert len(paths) == 1 and paths[0].startswith(os.path.join(site, where)), (lib, paths)
 PY
-"$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$src/python/tests/test_cpu.py"
+"$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$src/python/tests/test_cpu.py" "$src/python/tests/test_info_cpu.py"
 echo "check-wheel: ok"

@@ -12,6 +12,21 @@
 
 namespace mhccl {
 
+// Diagnostics, for every op of every communicator:
+// - MHCCL_DEBUG=INFO (as NCCL_DEBUG=INFO): each construction of a Communicator, AllReduceMHC or
+//   LamportAllGather prints its decisions once to stderr, each line "mhccl INFO rank R/TP
+//   cuda:D <what>: ...": the NCCL library loaded and its version, P2P reachability (NCCL's LSA
+//   team, cudaDeviceCanAccessPeer) and so the path the ops take, the budgets; for AllReduceMHC
+//   the thresholds, the protocol and launches of a call and of a finalize for every class of M,
+//   the mailbox bytes and the grids; for LamportAllGather its path, mailbox and grid. Unset,
+//   empty or WARN: nothing is printed. Read once per process.
+// - NVTX: every op call opens an NVTX range named by op, protocol and M ("mhccl.call one-shot
+//   M=8", "mhccl.finalize two-shot M=2048", "mhccl.all_gather lamport M=8 bytes=81920"; M is
+//   also the range's payload), every construction one named by its configuration, in the NVTX
+//   domain "mhccl" (nsys profile --trace=cuda,nvtx). Without a profiler the name is not even
+//   built: a few ns a call. CMake -DMHCCL_NVTX=OFF compiles the ranges out.
+// - mhccl::environment_report() (mhccl/info.h): versions, GPUs, P2P matrix and variables.
+
 struct CommunicatorOptions {
   // The budget of every wait on a peer, in milliseconds (1 ms to 24 h): each Lamport wait's spin
   // (on expiry the kernel records which peer, protocol, generation and row it waited for and

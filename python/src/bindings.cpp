@@ -19,6 +19,7 @@
 #include "mhccl/communicator.h"
 #include "mhccl/error.h"
 #include "mhccl/fp8_groups.h"
+#include "mhccl/info.h"
 #include "mhccl/mxfp8.h"
 
 namespace nb = nanobind;
@@ -134,6 +135,8 @@ NB_MODULE(_mhccl, m) {
     }
   });
 
+  m.def("environment_report", &mhccl::environment_report,
+        "The C++ library's environment report (mhccl/info.h): versions, GPUs, P2P matrix, variables.");
   m.def("mxfp8_scale_bytes", &mhccl::mxfp8_scale_bytes, nb::arg("m"), nb::arg("hidden"));
   // The C++ definitions (-1 out of range), for the tests to hold the Python twins against.
   m.def("fp8_group_scale_bytes", [](int64_t m, int64_t hidden) { return mhccl::fp8_group_scale_bytes(m, hidden); },

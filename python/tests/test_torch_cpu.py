@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (scripts/install-deps.sh --python installs it)")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (scripts/install-deps.sh --torch installs it)")
 
 import mhccl  # noqa: E402
 from mhccl import _api, _ops  # noqa: E402

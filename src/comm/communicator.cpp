@@ -4,13 +4,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator_impl.h"
 #include "comm/nccl_version.h"
 #include "comm/peer_table.h"
+#include "common/build_info.h"
 #include "common/check.h"
+#include "common/debug.h"
+#include "common/devices.h"
+#include "common/nvtx.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 
@@ -129,6 +134,39 @@ void init_budget(Communicator::Impl& im) {
   }
 }
 
+// MHCCL_DEBUG=INFO: what this construction decided (the NCCL library, reachability, budgets).
+void report_construction(const Communicator::Impl& im, int lsa) {
+  std::ostringstream t;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, im.device) == cudaSuccess) {
+    t << "GPU " << p.name << ", compute capability " << p.major << "." << p.minor << ", kernels: "
+      << detail::kernels_for(detail::cuda_architectures(), p.major, p.minor) << "\n";
+  }
+  t << "NCCL library " << detail::nccl_library_text() << "\n";
+  t << "NCCL communicator: " << (im.owns_comm ? "made by mhccl" : "the caller's")
+    << (im.nonblocking ? ", non-blocking (every wait on it polled within the budget)" : ", blocking") << "\n";
+  t << "peers load/store reachable: " << (lsa == im.tp ? "yes" : "no") << " (NCCL's LSA team: " << lsa << " of "
+    << im.tp << " ranks)" << (im.options.force_nccl_fallback ? ", NCCL fallback forced" : "") << "; ops run "
+    << (im.tp == 1 ? "without peers (TP=1)" : im.reachable ? "the Lamport protocols" : "the NCCL fallback (ncclAllReduce / ncclAllGather)")
+    << "\n";
+  int count = 0;
+  if (im.tp > 1 && cudaGetDeviceCount(&count) == cudaSuccess && count > 1) {
+    t << "cudaDeviceCanAccessPeer from cuda:" << im.device << ":";
+    for (int d = 0; d < count; ++d) {
+      int can = 0;
+      if (d == im.device) continue;
+      if (cudaDeviceCanAccessPeer(&can, im.device, d) != cudaSuccess) cudaGetLastError();
+      t << " cuda:" << d << " " << (can ? "yes" : "no");
+    }
+    t << "\n";
+  }
+  t << "wait budget " << im.options.wait_timeout_ms << " ms (CommunicatorOptions::wait_timeout_ms, MHCCL_WAIT_TIMEOUT_MS), "
+    << "fallback watchdog " << (im.options.watchdog ? "on" : "off") << "\n";
+  detail::debug_print("rank " + std::to_string(im.rank) + "/" + std::to_string(im.tp) + " cuda:" +
+                          std::to_string(im.device) + " Communicator",
+                      t.str());
+}
+
 void init_common(Communicator::Impl& im) {
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
@@ -142,13 +180,21 @@ void init_common(Communicator::Impl& im) {
   MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.fallback_progress), 2 * sizeof(uint32_t), cudaHostAllocMapped));
   im.fallback_progress[0] = im.fallback_progress[1] = 0;
   MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.fallback_progress_device), im.fallback_progress, 0));
-  im.reachable = im.tp == 1 || comm::lsa_team_size(im.comm) == im.tp;
+  const int lsa = im.tp == 1 ? 1 : comm::lsa_team_size(im.comm);
+  im.reachable = lsa == im.tp;
   // Every rank takes the same path (Lamport or the NCCL fallback): the forced fallback agreed.
   im.agree("Communicator", {{"force_nccl_fallback", im.options.force_nccl_fallback}, {"peers reachable", im.reachable}},
            nullptr);
   if (im.options.force_nccl_fallback) im.reachable = false;
   im.alloc_window(sizeof(uint32_t), 0u, im.reachable && im.tp > 1, im.fault_window);
   im.setup_wait("Communicator construction");
+  if (detail::debug_info()) {
+    try {  // a report that fails must not fail a construction every rank completed
+      report_construction(im, lsa);
+    } catch (const std::exception& e) {
+      detail::debug_print("Communicator", std::string("the construction report failed: ") + e.what());
+    }
+  }
 }
 
 // The message of a fault another rank raised (a kPeerFault record, or the fault word read by
@@ -616,16 +662,21 @@ void Communicator::Impl::agree(const char* what, const std::vector<std::pair<con
 Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
                            CommunicatorOptions options)
     : impl_(std::make_shared<Impl>()) {
+  detail::nvtx::Range range(detail::nvtx::Kind::kConstruction, tp, [&] {
+    return "mhccl.Communicator tp=" + std::to_string(tp) + " rank=" + std::to_string(rank) + " cuda:" +
+           std::to_string(device);
+  });
   check_tp(tp);
   if (rank < 0 || rank >= tp) {
     throw Error(ErrorCode::kInvalidArgument,
                 "rank: expected 0.." + std::to_string(tp - 1) + ", got " + std::to_string(rank));
   }
-  int count = 0;
-  const cudaError_t st = cudaGetDeviceCount(&count);
-  if (st != cudaSuccess || count == 0) throw Error(ErrorCode::kNoDevice, "no CUDA device");
-  if (device < 0 || device >= count) {
-    throw Error(ErrorCode::kInvalidArgument, "device: expected 0.." + std::to_string(count - 1) +
+  const detail::DeviceCount devices = detail::cuda_device_count();
+  if (devices.count == 0) {
+    throw Error(ErrorCode::kNoDevice, "Communicator: no CUDA device (" + devices.why_none + ")");
+  }
+  if (device < 0 || device >= devices.count) {
+    throw Error(ErrorCode::kInvalidArgument, "device: expected 0.." + std::to_string(devices.count - 1) +
                                                  ", got " + std::to_string(device));
   }
   check_nccl_version();
@@ -650,6 +701,9 @@ Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
 
 Communicator::Communicator(ncclComm_t comm, int device, CommunicatorOptions options)
     : impl_(std::make_shared<Impl>()) {
+  detail::nvtx::Range range(detail::nvtx::Kind::kConstruction, -1, [&] {
+    return "mhccl.Communicator (the caller's NCCL communicator) cuda:" + std::to_string(device);
+  });
   if (comm == nullptr) throw Error(ErrorCode::kInvalidArgument, "comm: expected an NCCL communicator, got null");
   check_nccl_version();
   Impl& im = *impl_;

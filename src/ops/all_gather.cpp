@@ -4,9 +4,13 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
+#include "common/debug.h"
+#include "common/nvtx.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 
@@ -27,6 +31,9 @@ struct LamportAllGather::Impl {
 
 LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes)
     : impl_(std::make_unique<Impl>()) {
+  detail::nvtx::Range range(detail::nvtx::Kind::kConstruction, rank_capacity_bytes, [&] {
+    return "mhccl.LamportAllGather capacity=" + std::to_string(rank_capacity_bytes) + " bytes";
+  });
   Impl& im = *impl_;
   im.comm = comm.impl();
   im.comm->check_for_construction("LamportAllGather");  // fatal errors only; route reports stay for check_errors()
@@ -66,6 +73,24 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     }
     throw;
   }
+  if (detail::debug_info()) {
+    const Communicator::Impl& c = *im.comm;
+    std::ostringstream t;
+    t << "capacity " << rank_capacity_bytes << " bytes a rank; "
+      << (c.tp == 1 ? "TP=1: a device copy" : c.reachable ? "Lamport all-gather" : "the NCCL fallback (ncclAllGather)")
+      << "; mailbox "
+      << (im.mailbox ? detail::bytes_text(im.mailbox->bytes()) + " (" + std::to_string(kernels::kGenerations) +
+                           " generations x " + std::to_string(c.tp) + " ranks x capacity, with call headers)"
+                     : std::string("none"))
+      << ", staging copy "
+      << detail::bytes_text(static_cast<uint64_t>(rank_capacity_bytes)) << "\n";
+    t << "grid: one kernel of at most " << kernels::kAllGatherMaxCtas << " CTAs, packs a CTA "
+      << (im.packs_per_cta > 0 ? std::to_string(im.packs_per_cta) + " (MHCCL_ALLGATHER_PACKS_PER_CTA)" : "by default")
+      << "\n";
+    detail::debug_print("rank " + std::to_string(c.rank) + "/" + std::to_string(c.tp) + " cuda:" +
+                            std::to_string(c.device) + " LamportAllGather",
+                        t.str());
+  }
 }
 
 LamportAllGather::~LamportAllGather() = default;
@@ -80,6 +105,11 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
   c.guarded_call("LamportAllGather", [&](bool& launched) {
     c.check();
     const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
+    const int64_t rows = in.ndim > 0 ? in.shape[0] : 1;
+    detail::nvtx::Range range(detail::nvtx::Kind::kAllGather, rows, [&] {
+      return detail::nvtx::call_name("all_gather", c.tp == 1 ? "direct" : c.reachable ? "lamport" : "nccl", rows) +
+             " bytes=" + std::to_string(tensor_bytes(in));
+    });
     // A strided input is copied with its dimensions merged (coalesce_dims): the copy takes 8.
     kernels::StridedCopy sc = {};
     if (needs_copy && !is_contiguous(in)) {

@@ -6,9 +6,13 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
+#include "common/debug.h"
+#include "common/nvtx.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 #include "mhccl/fp8_groups.h"
@@ -212,12 +216,121 @@ struct AllReduceMHC::Impl {
     MHCCL_CUDA(cudaMalloc(&fallback_rows, cfg.max_num_tokens * cfg.hidden_size * 2));
   }
 
+  // The launch shape of a call of m rows, from rank-invariant inputs only: the consumer's input, the
+  // fields of its params that set its grid and roles (tiling, streaming grid, publisher and reducer
+  // CTAs, whether it publishes first), and which kernels run before it. run() launches from it;
+  // MHCCL_DEBUG=INFO describes it for every M. `direct`: TP=1 without the self-test mailboxes.
+  struct Shape {
+    ConsumerInput input = ConsumerInput::kPoll;
+    ConsumerParams cp = {};
+    bool publish_kernel = false;       // one-shot, two-shot: a publish kernel before the consumer
+    bool owner_reduce_kernel = false;  // two-shot: and the owners' reduce between them
+  };
+  Shape shape(int64_t m, bool finalize, ConsumerVariant variant, Protocol proto, bool direct) const {
+    Shape s;
+    ConsumerParams& cp = s.cp;
+    // The FP8 variant's groups of 16 packs never straddle the CTAs of a row.
+    cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row,
+                                    variant == ConsumerVariant::kFp8 ? kernels::kFp8GroupPacks : 4);
+    cp.m = m;
+    cp.np = np;
+    cp.streaming_min_rows = cfg.streaming_min_rows;
+    if (finalize) cp.fin.top_k = cfg.top_k;
+    const int vi = static_cast<int>(variant);
+    cp.streaming_ctas = streaming_ctas[0][vi];
+    if (direct) {
+      s.input = finalize ? ConsumerInput::kFinalize : ConsumerInput::kDirect;
+      if (finalize) cp.streaming_ctas = streaming_ctas[3][vi];
+    } else if (proto == Protocol::kOneShot) {
+      cp.streaming_ctas = streaming_ctas[1][vi];
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
+      // Single launch only where its grid is co-resident by construction: at most 96 CTAs, and
+      // rows that fit one CTA (small-M clusters of up to 5 CTAs of at most 128 threads).
+      const int64_t ctas = m * cp.tiling.ctas_per_row;
+      const bool row_fits_one_cta = np <= kernels::max_threads_per_cta(cfg.hc_mult);
+      const bool single = row_fits_one_cta && ctas <= kernels::kMaxSingleLaunchCtas &&
+                          (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
+      if (single) {
+        cp.publish_first = true;
+      } else if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
+        cp.publisher_ctas = 0;  // a publish kernel, then a CTA per row
+        s.publish_kernel = true;
+      }  // else: the streaming consumer's first CTAs publish (it waits for the call's inputs)
+    } else if (proto == Protocol::kTwoShot) {
+      cp.contributions = bt_mailbox->local();
+      cp.streaming_ctas = streaming_ctas[2][vi];
+      // Streaming: one launch whose first CTAs to arrive publish, the next reduce the owned rows, the
+      // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
+      cp.reducer_ctas = reducer_ctas;
+      if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
+        cp.publisher_ctas = cp.reducer_ctas = 0;
+        s.publish_kernel = s.owner_reduce_kernel = true;
+        // The consumer after them streams only where streaming_min_rows asks (with no roles).
+      }
+    } else {  // NCCL fallback: the consumer reads the all-reduced rows
+      s.input = ConsumerInput::kDirect;
+    }
+    return s;
+  }
+
+  // MHCCL_DEBUG=INFO: how an automatic call of m rows runs, in words.
+  std::string launch_text(int64_t m, bool finalize, ConsumerVariant variant) const {
+    const Protocol proto = resolve(m, finalize, Protocol::kAuto);
+    const bool direct = comm->tp == 1;
+    const Shape s = shape(m, finalize, variant, proto, direct);
+    const ConsumerParams& cp = s.cp;
+    std::string t = direct ? "direct (TP=1), one launch" : protocol_name(proto);
+    if (!direct && proto == Protocol::kNccl) {
+      t += ": ncclAllReduce, then the consumer";
+    } else if (s.owner_reduce_kernel) {
+      t += ": publish, owners' reduce, consumer";
+    } else if (s.publish_kernel) {
+      t += ": publish, consumer";
+    } else if (!direct) {
+      t += cp.publish_first ? ", one launch (each CTA publishes its row, then polls)" : ", one launch";
+    }
+    if (kernels::consumer_streams(cp, s.input)) {
+      t += "; streaming consumer: a persistent grid of " +
+           std::to_string(std::min<int64_t>(m + cp.publisher_ctas + cp.reducer_ctas, cp.streaming_ctas)) + " CTAs";
+      if (cp.publisher_ctas > 0) t += " (" + std::to_string(cp.publisher_ctas) + " publish";
+      if (cp.reducer_ctas > 0) t += ", " + std::to_string(cp.reducer_ctas) + " reduce";
+      if (cp.publisher_ctas > 0) t += ")";
+    } else {
+      t += "; " + std::to_string(cp.tiling.ctas_per_row) + (cp.tiling.ctas_per_row > 1 ? " CTAs (a cluster)" : " CTA") +
+           " a row of " + std::to_string(cp.tiling.threads) + " threads";
+    }
+    return t;
+  }
+
+  // MHCCL_DEBUG=INFO: this construction's decisions, once.
+  void report_construction() const;
+
+  // AllReduceMHC::mailbox_bytes(): the mailboxes and the NCCL path's rows.
+  size_t mailbox_bytes_total() const {
+    size_t b = 0;
+    for (const auto* buf : {ll_mailbox.get(), bt_mailbox.get(), bt_reduced.get()}) {
+      if (buf) b += buf->bytes();
+    }
+    if (fallback_rows) b += static_cast<size_t>(cfg.max_num_tokens * cfg.hidden_size * 2);
+    return b;
+  }
+
   // `launched`: set once anything that pairs with the peers went out (Communicator::Impl::guarded_call).
   void run(const DLTensor* x, const AllReduceMHCFinalizeArgs* fin, const MHCEpilogueArgs& e,
            Protocol forced, int64_t m, cudaStream_t stream, bool& launched) {
     const bool finalize = fin != nullptr;
     const Protocol proto = resolve(m, finalize, forced);
     Communicator::Impl& c = *comm;
+    const bool direct = c.tp == 1 && !self_mailbox(forced);
+    const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
+                                    : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
+                                    : e.fp8_values != nullptr   ? ConsumerVariant::kFp8
+                                                                : ConsumerVariant::kPlain;
+    const Shape s = shape(m, finalize, variant, proto, direct);
+    detail::nvtx::Range range(finalize ? detail::nvtx::Kind::kFinalize : detail::nvtx::Kind::kCall, m, [&] {
+      return detail::nvtx::call_name(finalize ? "finalize" : "call", direct ? "direct" : protocol_name(proto), m);
+    });
     detail::DeviceGuard guard(c.device);
     const bool pdl = cfg.enable_pdl;
     const uint32_t op = finalize ? kernels::kOpAllReduceFinalize : kernels::kOpAllReduceCall;
@@ -233,7 +346,7 @@ struct AllReduceMHC::Impl {
     };
     PublishParams pp = {};
 
-    ConsumerParams cp = {};
+    ConsumerParams cp = s.cp;  // the launch shape; the tensors and the protocol's buffers below
     cp.residual = data_of(e.residual);
     cp.post = static_cast<const float*>(data_of(e.post));
     cp.comb = static_cast<const float*>(data_of(e.comb));
@@ -249,24 +362,12 @@ struct AllReduceMHC::Impl {
     cp.fp8_scale_rows = fp8_group_scale_rows(m);
     cp.fp8_scale_floats = e.fp8_scales == nullptr ? 0 : fp8_scale_floats(*e.fp8_scales, m, cfg.hidden_size);
     cp.fp8_ue8m0 = cfg.fp8_ue8m0_scales;
-    cp.m = m;
-    cp.np = np;
-    const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
-                                    : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
-                                    : e.fp8_values != nullptr   ? ConsumerVariant::kFp8
-                                                                : ConsumerVariant::kPlain;
-    // The FP8 variant's groups of 16 packs never straddle the CTAs of a row.
-    cp.tiling = kernels::row_tiling(np, m, cfg.hc_mult, ctas_per_row,
-                                    variant == ConsumerVariant::kFp8 ? kernels::kFp8GroupPacks : 4);
     cp.err = c.sink(op);
     // This rank's identity of the call (PROTOCOL.md, I19): every peer's call header must equal it.
     cp.id = kernels::make_call_identity(op, proto == Protocol::kTwoShot ? kernels::kProtoTwoShotOwner : kernels::kProtoOneShot,
                                         static_cast<uint32_t>(variant), static_cast<uint64_t>(m), c.rejected);
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
-    cp.streaming_min_rows = cfg.streaming_min_rows;
-    const int vi = static_cast<int>(variant);
-    cp.streaming_ctas = streaming_ctas[0][vi];
 
     pp.x = finalize ? nullptr : data_of(x);
     if (finalize) {
@@ -288,41 +389,23 @@ struct AllReduceMHC::Impl {
     pp.err = cp.err;
     pp.id = cp.id;
 
-    ConsumerInput input = ConsumerInput::kPoll;
-    if (c.tp == 1 && !self_mailbox(forced)) {
-      if (finalize) {
-        input = ConsumerInput::kFinalize;
-        cp.streaming_ctas = streaming_ctas[3][vi];
-      } else {
-        input = ConsumerInput::kDirect;
-        cp.in = pp.x;
-      }
+    if (direct) {
+      if (!finalize) cp.in = pp.x;
     } else if (proto == Protocol::kOneShot) {
       pp.dest = PublishDest::kAllRanks;
       for (int i = 0; i < c.tp; ++i) pp.targets[i] = ll_mailbox->peer((c.rank + 1 + i) % c.tp);
       pp.slot_rows = ll_rows;
       pp.state = &states[0];
-      // Single launch only where its grid is co-resident by construction: at most 96 CTAs, and
-      // rows that fit one CTA (small-M clusters of up to 5 CTAs of at most 128 threads).
-      const int64_t ctas = m * cp.tiling.ctas_per_row;
-      const bool row_fits_one_cta = np <= kernels::max_threads_per_cta(cfg.hc_mult);
-      const bool single = row_fits_one_cta && ctas <= kernels::kMaxSingleLaunchCtas &&
-                          (cfg.single_launch_max_rows < 0 || m <= cfg.single_launch_max_rows);
       for (int i = 0; i < c.tp; ++i) cp.targets[i] = pp.targets[i];
       cp.in = ll_mailbox->local();
       cp.nslots = c.tp;
       cp.slot_rows = ll_rows;
       cp.state = &states[0];
       cp.protocol = kernels::kProtoOneShot;
-      cp.streaming_ctas = streaming_ctas[1][vi];
-      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
-      if (single) {
-        cp.publish_first = true;
-      } else if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
-        cp.publisher_ctas = 0;  // a publish kernel, then a CTA per row
+      if (s.publish_kernel) {
         launch(kernels::launch_publish(pp, stream, pdl), "launch of the one-shot publish");
         cp.wait_predecessor = false;
-      }  // else: the streaming consumer's first CTAs publish (it waits for the call's inputs)
+      }
     } else if (proto == Protocol::kTwoShot) {
       pp.dest = PublishDest::kOwner;
       for (int r = 0; r < c.tp; ++r) pp.targets[r] = bt_mailbox->peer(r);
@@ -343,25 +426,17 @@ struct AllReduceMHC::Impl {
       orp.err = cp.err;
       orp.id = cp.id;
       cp.in = bt_reduced->local();
-      cp.contributions = bt_mailbox->local();
       cp.owner_rows = owner_rows;
       cp.nslots = 1;
       cp.slot_rows = cfg.max_num_tokens;
       cp.state = &states[1];
       cp.protocol = kernels::kProtoTwoShotReduced;
-      cp.streaming_ctas = streaming_ctas[2][vi];
-      // Streaming: one launch whose first CTAs to arrive publish, the next reduce the owned rows, the
-      // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
       for (int r = 0; r < c.tp; ++r) cp.targets[r] = pp.targets[r];
       for (int i = 0; i < c.tp; ++i) cp.reduced[i] = orp.reduced[i];
-      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
-      cp.reducer_ctas = reducer_ctas;
-      if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
-        cp.publisher_ctas = cp.reducer_ctas = 0;
+      if (s.publish_kernel) {
         launch(kernels::launch_publish(pp, stream, pdl), "launch of the two-shot publish");
         launch(kernels::launch_owner_reduce(orp, stream, pdl), "launch of the two-shot owners' reduce");
         cp.wait_predecessor = false;
-        // The consumer after them streams only where streaming_min_rows asks (with no roles).
       }
     } else {  // NCCL fallback: all-reduce the BF16 rows, then the same consumer on them
       ensure_fallback_rows(stream);
@@ -382,15 +457,18 @@ struct AllReduceMHC::Impl {
                                 c.comm, stream),
                   "ncclAllReduce of the NCCL fallback");
       c.fallback_mark(false, stream);
-      input = ConsumerInput::kDirect;
       cp.in = fallback_rows;
     }
-    launch(kernels::launch_consumer(cp, cfg.hc_mult, input, variant, stream, pdl), "launch of the consumer");
+    launch(kernels::launch_consumer(cp, cfg.hc_mult, s.input, variant, stream, pdl), "launch of the consumer");
   }
 };
 
 AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     : impl_(std::make_unique<Impl>()) {
+  detail::nvtx::Range range(detail::nvtx::Kind::kConstruction, config.max_num_tokens, [&] {
+    return "mhccl.AllReduceMHC H=" + std::to_string(config.hidden_size) + " hc=" + std::to_string(config.hc_mult) +
+           " C=" + std::to_string(config.max_num_tokens);
+  });
   Impl& im = *impl_;
   im.comm = comm.impl();
   Communicator::Impl& c = *im.comm;
@@ -448,6 +526,74 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     }
     throw;
   }
+  if (detail::debug_info()) {
+    try {  // a report that fails must not fail a construction every rank completed
+      im.report_construction();
+    } catch (const std::exception& e) {
+      detail::debug_print("AllReduceMHC", std::string("the construction report failed: ") + e.what());
+    }
+  }
+}
+
+void AllReduceMHC::Impl::report_construction() const {
+  const Communicator::Impl& c = *comm;
+  const auto never = [](int64_t rows) { return rows == kNever ? std::string("never") : "M >= " + std::to_string(rows); };
+  const ConsumerVariant built = cfg.residual_only              ? ConsumerVariant::kResidualOnly
+                                : cfg.quantize_layer_input     ? ConsumerVariant::kMxfp8
+                                : cfg.quantize_layer_input_fp8 ? ConsumerVariant::kFp8
+                                                               : ConsumerVariant::kPlain;
+  static constexpr const char* kVariantNames[] = {"plain", "mxfp8", "residual-only", "fp8"};
+  std::ostringstream t;
+  t << "H=" << cfg.hidden_size << " hc=" << cfg.hc_mult << " max_num_tokens=" << cfg.max_num_tokens
+    << " top_k=" << cfg.top_k << ", variants: plain" << (cfg.quantize_layer_input ? ", mxfp8" : "")
+    << (cfg.quantize_layer_input_fp8 ? (cfg.fp8_ue8m0_scales ? ", fp8 (UE8M0 scales)" : ", fp8") : "")
+    << (cfg.residual_only ? ", residual-only" : "") << ", PDL " << (cfg.enable_pdl ? "on" : "off") << "\n";
+  if (c.tp > 1 && !c.reachable) {
+    t << "every call: the NCCL fallback (peers not load/store reachable, or the fallback forced)\n";
+  } else {
+    t << "two-shot: call " << never(cfg.two_shot_min_rows) << ", finalize " << never(cfg.two_shot_min_finalize_rows)
+      << (bt_built || c.tp == 1 ? "" : " (not built: max_num_tokens is below both)") << "; NCCL all-reduce: call "
+      << never(cfg.nccl_min_rows) << ", finalize " << never(cfg.nccl_min_finalize_rows) << "\n";
+  }
+  t << "mailboxes a rank: ";
+  if (ll_mailbox) t << "one-shot " << ll_rows << " rows " << detail::bytes_text(ll_mailbox->bytes()) << "; ";
+  if (bt_mailbox) {
+    t << "two-shot " << owner_rows << " owned rows " << detail::bytes_text(bt_mailbox->bytes()) << " + reduced rows "
+      << detail::bytes_text(bt_reduced->bytes()) << "; ";
+  }
+  if (fallback_rows) t << "NCCL path rows " << detail::bytes_text(static_cast<uint64_t>(cfg.max_num_tokens * cfg.hidden_size * 2)) << "; ";
+  t << "in all " << detail::bytes_text(mailbox_bytes_total()) << "\n";
+  t << "grid: CTAs a row " << (ctas_per_row > 0 ? std::to_string(ctas_per_row) + " (MHCCL_CTAS_PER_ROW)" : "by M")
+    << "; streaming consumer resident CTAs (agreed over the ranks; direct, one-shot, two-shot, TP=1 finalize) for "
+    << kVariantNames[static_cast<int>(built)] << ": " << streaming_ctas[0][static_cast<int>(built)] << ", "
+    << streaming_ctas[1][static_cast<int>(built)] << ", " << streaming_ctas[2][static_cast<int>(built)] << ", "
+    << streaming_ctas[3][static_cast<int>(built)] << "; publishing CTAs " << publisher_ctas[0] << " (call), "
+    << publisher_ctas[1] << " (finalize), owners' reducing CTAs " << reducer_ctas << "; streaming_min_rows "
+    << cfg.streaming_min_rows << (cfg.streaming_min_rows < 0 ? " (automatic)" : "") << "\n";
+  // The M classes: consecutive M whose calls launch alike, for the variant built (every M up to
+  // 65536 rows; beyond, at powers of two and at max_num_tokens).
+  constexpr int64_t kEveryM = 65536;
+  const int64_t every = std::min(cfg.max_num_tokens, kEveryM);
+  for (const bool finalize : {false, true}) {
+    t << (finalize ? "finalize" : "call") << " (" << kVariantNames[static_cast<int>(built)] << ") by M:\n";
+    std::string last;
+    int64_t from = 1;
+    for (int64_t m = 1; m <= every + 1; ++m) {
+      const std::string now = m <= every ? launch_text(m, finalize, built) : std::string();
+      if (m > 1 && now != last) {
+        t << "  M " << from << (m - 1 > from ? "-" + std::to_string(m - 1) : std::string()) << ": " << last << "\n";
+        from = m;
+      }
+      last = now;
+    }
+    for (int64_t m = 2 * kEveryM; m < 2 * cfg.max_num_tokens; m *= 2) {
+      const int64_t at = std::min(m, cfg.max_num_tokens);
+      t << "  M " << at << ": " << launch_text(at, finalize, built) << "\n";
+    }
+  }
+  detail::debug_print("rank " + std::to_string(c.rank) + "/" + std::to_string(c.tp) + " cuda:" + std::to_string(c.device) +
+                          " AllReduceMHC",
+                      t.str());
 }
 
 void AllReduceMHC::Impl::build(Communicator& comm) {
@@ -511,14 +657,6 @@ Protocol AllReduceMHC::protocol_for(int64_t m, bool finalize) const {
 
 const AllReduceMHCConfig& AllReduceMHC::config() const { return impl_->cfg; }
 
-size_t AllReduceMHC::mailbox_bytes() const {
-  const Impl& im = *impl_;
-  size_t b = 0;
-  for (const auto* buf : {im.ll_mailbox.get(), im.bt_mailbox.get(), im.bt_reduced.get()}) {
-    if (buf) b += buf->bytes();
-  }
-  if (im.fallback_rows) b += static_cast<size_t>(im.cfg.max_num_tokens * im.cfg.hidden_size * 2);
-  return b;
-}
+size_t AllReduceMHC::mailbox_bytes() const { return impl_->mailbox_bytes_total(); }
 
 }  // namespace mhccl

@@ -1,8 +1,10 @@
 // Runs without a GPU: the installed libmhccl and the libraries it needs load (RUNPATH), the
-// snippet links, and a call into the library answers.
+// snippet links, and calls into the library answer (the environment report among them).
 #include <cstdio>
+#include <string>
 
 #include <mhccl/error.h>
+#include <mhccl/info.h>
 #include <mhccl/mxfp8.h>
 
 struct Boundary;
@@ -14,5 +16,7 @@ int main(int argc, char**) {
   std::printf("mhccl downstream: mxfp8_scale_bytes(1, 5120) = %lld, error code name '%s', run_boundary at %p\n",
               static_cast<long long>(mhccl::mxfp8_scale_bytes(1, 5120)), name,
               reinterpret_cast<void*>(&run_boundary));
-  return mhccl::mxfp8_scale_bytes(1, 5120) == 512 * 40 ? 0 : 1;
+  const std::string report = mhccl::environment_report();  // mhccl/info.h, installed and exported
+  std::printf("mhccl downstream: environment report's first line: %s\n", report.substr(0, report.find('\n')).c_str());
+  return mhccl::mxfp8_scale_bytes(1, 5120) == 512 * 40 && report.rfind("mhccl ", 0) == 0 ? 0 : 1;
 }

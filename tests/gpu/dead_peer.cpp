@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "common/devices.h"
 #include "common/mhc_harness.h"
 #include "mhccl/bootstrap.h"
 #include "mhccl/communicator.h"
@@ -39,9 +40,10 @@ int run(const std::string& mode) {
     std::printf("dead peer: FAIL: unknown mode '%s' (lamport, fallback, fallback-graph)\n", mode.c_str());
     return 2;
   }
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("dead peer: SKIPPED: no CUDA device\n");
+  const detail::DeviceCount devices = detail::cuda_device_count();
+  const int count = devices.count;
+  if (count == 0) {
+    std::printf("dead peer: SKIPPED: no CUDA device (%s)\n", devices.why_none.c_str());
     return 77;
   }
   const RankEnvironment ranks = rank_environment();

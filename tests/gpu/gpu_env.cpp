@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "common/devices.h"
+
 namespace mhccl::gputest {
 namespace {
 Env* g_env = nullptr;
@@ -60,10 +62,11 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   mhccl::gputest::Env e;
   mhccl::gputest::g_env = &e;
-  int count = 0;
-  e.has_gpu = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  const mhccl::detail::DeviceCount devices = mhccl::detail::cuda_device_count();
+  const int count = devices.count;
+  e.has_gpu = count > 0;
   if (!e.has_gpu) {
-    std::printf("mhccl GPU tests: SKIPPED: no CUDA device\n");
+    std::printf("mhccl GPU tests: SKIPPED: no CUDA device (%s)\n", devices.why_none.c_str());
   } else {
     e.ranks = mhccl::rank_environment();
     e.device = e.ranks.local_rank % count;

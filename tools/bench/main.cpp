@@ -2,8 +2,11 @@
 // reference, then times mhccl against NCCL baselines side by side and prints a table.
 //   mhccl-bench                 every local GPU as one TP group, then TP=1
 //   mhccl-bench --json out.json --tp 2 --ops allreduce,twoshot --quick
+//   mhccl-bench --info          the environment report (versions, GPUs, P2P, variables); no GPU needed
+//   mhccl-bench --nvtx-cost     the host cost of an op call's NVTX range; no GPU needed
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -18,7 +21,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "common/devices.h"
+#include "common/nvtx.h"
 #include "launch/launcher.h"
+#include "mhccl/info.h"
 
 using json = nlohmann::json;
 
@@ -172,6 +178,46 @@ std::string machine_json(json& meta) {
   return o.str();
 }
 
+// --nvtx-cost: the host time of the NVTX range every op call opens (src/common/nvtx.h), as this
+// process runs it: without a profiler (the default), or under one (nsys profile --trace=nvtx
+// mhccl-bench --nvtx-cost), against the same loop without the range. The calls' own A/B on a
+// GPU: eager calls of a build with -DMHCCL_NVTX=OFF against the default build.
+int nvtx_cost() {
+  using Clock = std::chrono::steady_clock;
+#if MHCCL_NVTX
+  const bool attached = mhccl::detail::nvtx::attached();
+#else
+  const bool attached = false;
+#endif
+  const int64_t n = attached ? 200000 : 20000000;
+  volatile int64_t sink = 0;
+  auto per_call_ns = [&](bool with_range) {
+    const Clock::time_point t0 = Clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      if (with_range) {
+        mhccl::detail::nvtx::Range range(mhccl::detail::nvtx::Kind::kCall, i, [&] {
+          return mhccl::detail::nvtx::call_name("call", "one-shot", i);
+        });
+        sink = sink + i;
+      } else {
+        sink = sink + i;
+      }
+    }
+    return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(n);
+  };
+  per_call_ns(true);  // the first range initializes NVTX (and loads a profiler's injection)
+  double with = 1e30, without = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    with = std::min(with, per_call_ns(true));
+    without = std::min(without, per_call_ns(false));
+  }
+  std::printf("NVTX range of an op call (%s, %s): %.2f ns a call; the same loop without it: %.2f ns "
+              "(best of 5 runs of %lld)\n",
+              MHCCL_NVTX ? "compiled in" : "compiled out (MHCCL_NVTX=OFF)",
+              attached ? "a profiler is attached" : "no profiler attached", with, without, static_cast<long long>(n));
+  return 0;
+}
+
 }  // namespace
 }  // namespace mhccl::bench
 
@@ -192,6 +238,9 @@ int main(int argc, char** argv) {
   app.add_option("--capacity-bytes", o.ag_capacity, "LamportAllGather capacity per rank (default 1 MiB)");
   app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20)");
   app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)");
+  bool info = false, nvtx_cost = false;
+  app.add_flag("--info", info, "print the environment report (versions, GPUs, P2P matrix, MHCCL_*/NCCL_* variables) and exit");
+  app.add_flag("--nvtx-cost", nvtx_cost, "time the host cost of an op call's NVTX range (no GPU needed) and exit");
   app.add_flag("--worker", worker, "internal: run as one rank (set by mhccl-launch)")->group("");
   app.add_option("--rows-out", o.rows_out, "internal: where rank 0 writes its rows")->group("");
   try {
@@ -199,6 +248,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option: CLI11's message, exit 2
   }
+  if (info) {
+    std::fputs(mhccl::environment_report().c_str(), stdout);
+    return 0;
+  }
+  if (nvtx_cost) return mhccl::bench::nvtx_cost();
   o.check = !no_check;
   o.timing = !check_only;
   std::stringstream ss(ops_list);
@@ -218,9 +272,11 @@ int main(int argc, char** argv) {
     }
   }
 
-  const int gpus = mhccl::launch::local_gpu_count();
+  const mhccl::detail::DeviceCount devices = mhccl::detail::cuda_device_count();
+  const int gpus = devices.count;
   if (gpus == 0) {
-    std::fprintf(stderr, "mhccl-bench: no CUDA device: it needs an NVIDIA GPU (sm_90+) with a driver\n");
+    std::fprintf(stderr, "mhccl-bench: no CUDA device (%s): it needs an NVIDIA GPU (sm_90+) with a driver; "
+                 "mhccl-bench --info says more\n", devices.why_none.c_str());
     return 2;
   }
   if (o.tps.empty()) {

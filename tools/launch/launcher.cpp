@@ -13,8 +13,6 @@
 #include <filesystem>
 #include <string>
 
-#include <cuda_runtime_api.h>
-
 namespace mhccl::launch {
 namespace {
 
@@ -54,12 +52,6 @@ int decode_status(int status) {
 }
 
 }  // namespace
-
-int local_gpu_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
 
 Result run(const Options& opts) {
   Result res;

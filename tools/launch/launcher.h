@@ -28,9 +28,6 @@ struct Result {
   int failed_rank = -1;
 };
 
-// CUDA devices on this machine (0 when there is no driver or device).
-int local_gpu_count();
-
 // Runs opts.nprocs copies of opts.argv and waits for them.
 Result run(const Options& opts);
 

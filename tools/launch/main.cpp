@@ -15,6 +15,7 @@ long parse_count(const char* s) {
 }
 }  // namespace
 
+#include "common/devices.h"
 #include "launch/launcher.h"
 
 int main(int argc, char** argv) {
@@ -62,10 +63,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mhccl-launch: no program given (see --help)\n");
     return 2;
   }
-  const int gpus = mhccl::launch::local_gpu_count();
+  const mhccl::detail::DeviceCount devices = mhccl::detail::cuda_device_count();
+  const int gpus = devices.count;
   if (opts.nprocs == 0) opts.nprocs = gpus;
   if (gpus == 0) {
-    std::printf("mhccl-launch: SKIPPED: no CUDA device\n");
+    std::printf("mhccl-launch: SKIPPED: no CUDA device (%s)\n", devices.why_none.c_str());
     return 77;
   }
   if (opts.nprocs > gpus) {
