@@ -240,6 +240,16 @@ __device__ __forceinline__ uint32_t ld_volatile(const uint32_t* p) {
 }
 __device__ __forceinline__ uint4 ld_volatile(const uint4* p) { return ld_volatile(static_cast<const void*>(p)); }
 
+// The fault word as a warp's threads that got here together read it: one load by the first of
+// them, shared (a strong load of one address by every thread of a large grid serializes).
+__device__ __forceinline__ uint32_t load_fault_coalesced(const ErrorSink& e) {
+  const unsigned mask = __activemask();
+  const int leader = __ffs(mask) - 1;
+  uint32_t f = 0;
+  if (static_cast<int>(threadIdx.x & 31) == leader) f = load_fault(e);
+  return __shfl_sync(mask, f, leader);
+}
+
 // The one bounded wait: re-loads *slot until no lane holds the sentinel. `v` holds a first load
 // made by the caller (so several slots' loads can be in flight together). Returns false when
 // the spin budget expired (recorded, and the fault raised in every rank's fault word) or a fault
@@ -247,29 +257,16 @@ __device__ __forceinline__ uint4 ld_volatile(const uint4* p) { return ld_volatil
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
 // The fault word is read on the first spin and every kFaultSpins after (a fault raised before or
 // during the wait ends it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256.
-// The fault word's load goes out with the spin's poll, by the first of the warp's threads that
-// got here together, and is shared after both are in flight (one round trip a spin, not two:
-// read after the poll, it held every first spin back by an L2 round trip; a strong load of one
-// address by every thread of a large grid serializes, so one load a warp).
 constexpr uint32_t kFaultSpins = 32;
 template <class Lanes, class T>
 __device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& e, const WaitSite& site) {
   if (!Lanes::pending(v)) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
-    const bool look = spin % kFaultSpins == 1;
-    unsigned mask = 0;
-    int leader = 0;
-    uint32_t f = 0;
-    if (look) {
-      mask = __activemask();
-      leader = __ffs(mask) - 1;
-      if (static_cast<int>(threadIdx.x & 31) == leader) f = load_fault(e);
-    }
     v = ld_volatile(slot);
-    if (look) f = __shfl_sync(mask, f, leader);  // every lane of `mask` is here: none left yet
     if (!Lanes::pending(v)) return true;
-    if (look) {
+    if (spin % kFaultSpins == 1) {
+      const uint32_t f = load_fault_coalesced(e);
       if (f != 0) {
         record_fault(e, f, site);
         return false;
