@@ -4,7 +4,7 @@
 An op instance (an ``AllReduceMHC`` or ``LamportAllGather``) reaches a torch op as an int
 *handle*: a key into a registry of the live instances of this process. Dynamo carries an int as
 a constant (guarded), where it could not carry the nanobind object. A handle dies with its
-instance; calling an op with a dead handle raises RuntimeError.
+instance; calling an op with a dead handle raises ``mhccl.InvalidArgumentError``.
 
 The ops, each a functional form (new outputs) and a mutating out-variant (``mutates_args``;
 outputs the caller owns, which may include ``residual_out`` being ``residual``):
@@ -31,17 +31,22 @@ both forms in the same way (two optional mutable arguments without default, see 
 and a trailing bool flag).
 
 The implementations are registered for every device type, not only CUDA, so that a CPU tensor
-reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
-rather than the dispatcher's "no kernel for CPU". The fake implementations refuse tensors on
+reaches the C++ checks and raises their InvalidArgumentError (a ValueError: "expected a CUDA
+tensor on device cuda:N") rather than the dispatcher's "no kernel for CPU". The fake implementations refuse tensors on
 different devices: a meta tensor among real ones sends a call to them (the Meta key outranks
-the others), which would otherwise launch nothing and raise nothing. Registration is lazy
-(``ensure_registered``, run when the first instance is built), so that ``import mhccl`` imports
-no torch.
+the others), which would otherwise launch nothing and raise nothing. An exception an
+implementation raises in eager mode reaches the caller as it was raised (its class, message and
+attributes: the dispatcher passes Python exceptions through).
+
+Registration is lazy (``ensure_registered``, run when the first instance is built), so that
+``import mhccl`` imports no torch.
 """
 
 import itertools
 import threading
 import weakref
+
+from ._errors import InvalidArgumentError
 
 _INSTANCES = {}  # handle -> weakref to a live AllReduceMHC / LamportAllGather
 _HANDLES = itertools.count(1)
@@ -65,13 +70,15 @@ def register_instance(obj) -> int:
 
 
 def instance(handle: int):
-    """The live instance of ``handle``; RuntimeError when it is gone (or ``handle`` is no int)."""
+    """The live instance of ``handle``; InvalidArgumentError when it is gone (or ``handle`` is no
+    int)."""
     ref = None if isinstance(handle, bool) else _INSTANCES.get(handle)
     obj = ref() if ref is not None else None
     if obj is None:
-        raise RuntimeError(f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
-                           "LamportAllGather was destroyed, or the handle comes from another "
-                           "process)")
+        raise InvalidArgumentError(
+            f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
+            "LamportAllGather was destroyed, or the handle comes from another "
+            "process)")
     return obj
 
 
@@ -124,8 +131,9 @@ def _define() -> None:
         the kernels write."""
         h, hc = op.hidden_size, op.hc_mult
         if with_mxfp8 and with_fp8:
-            raise ValueError("with_mxfp8 and with_fp8: expected at most one quantized layer input "
-                             "(MXFP8 or per-token-group FP8), got both")
+            raise InvalidArgumentError(
+                "with_mxfp8 and with_fp8: expected at most one quantized layer input "
+                "(MXFP8 or per-token-group FP8), got both")
         outs = [empty((m, hc, h), dtype=bf16, device=device)]
         if has_pre:
             outs.append(empty((m, h), dtype=bf16, device=device))
@@ -147,8 +155,9 @@ def _define() -> None:
         first, device = named[0][0], named[0][1].device
         for name, t in named[1:]:
             if t.device != device:
-                raise ValueError(f"{name}: expected a tensor on {device} ({first}'s device), "
-                                 f"got {t.device}")
+                raise InvalidArgumentError(
+                    f"{name}: expected a tensor on {device} ({first}'s device), "
+                    f"got {t.device}")
 
     def checked_rows(op, name, lead, eps):
         """For the fake implementations: what the real ones check before any launch and that a
@@ -305,7 +314,7 @@ def _define() -> None:
         if not torch.compiler.is_compiling() and all(isinstance(d, int) for d in inp.shape):
             op._check_size(inp)
         elif not 1 <= inp.dim() <= 16:
-            raise ValueError(f"inp: expected 1 to 16 dimensions, got {inp.dim()}")
+            raise InvalidArgumentError(f"inp: expected 1 to 16 dimensions, got {inp.dim()}")
 
     @all_gather_out.register_fake
     def _(handle, inp, out):
