@@ -38,8 +38,10 @@ the others), which would otherwise launch nothing and raise nothing. An exceptio
 implementation raises in eager mode reaches the caller as it was raised (its class, message and
 attributes: the dispatcher passes Python exceptions through).
 
-Registration is lazy (``ensure_registered``, run when the first instance is built), so that
-``import mhccl`` imports no torch.
+The ops are registered at ``import mhccl`` where PyTorch can be imported (``register_at_import``),
+so that code compiled or traced before any instance exists can name ``torch.ops.mhccl.*``; without
+PyTorch ``import mhccl`` still works, and building an op says why it cannot (``ensure_registered``,
+run again by every construction, registers them once).
 """
 
 import itertools
@@ -100,6 +102,24 @@ def ensure_registered() -> None:
             return
         _define()
         _REGISTERED = True
+
+
+def register_at_import() -> None:
+    """The torch ops, at ``import mhccl``, where PyTorch imports. Where it does not (not installed,
+    or broken: a missing CUDA library), nothing: ``import mhccl`` works without PyTorch, and
+    building an op raises PyTorch's own error (``ensure_registered`` imports it again)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # ImportError, or OSError / RuntimeError from a broken installation
+        return
+    try:
+        ensure_registered()
+    except Exception as e:  # a PyTorch too old for torch.library.custom_op, say
+        import warnings
+
+        warnings.warn(f"mhccl: the torch ops could not be registered at import ({type(e).__name__}: "
+                      f"{e}); building an AllReduceMHC or LamportAllGather will raise it",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _define() -> None:
