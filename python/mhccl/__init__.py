@@ -23,7 +23,7 @@ from ._errors import (ArgumentTypeError, CudaError, DivergenceError, Error, Inva
                       UnsupportedError, UnusableError)
 
 try:
-    from ._version import __version__  # written by the build from CMakeLists.txt's project()
+    from ._version import __version__ as __version__  # written by the build from project()
 except ImportError:  # the source tree, never built
     __version__ = "0+unknown"
 

@@ -16,15 +16,27 @@ import os
 import operator
 import sys
 import weakref
-from typing import Any, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
+                    Union)
 
 from . import _ops
 from ._errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError
 
+if TYPE_CHECKING:  # PyTorch is not a dependency: its types for the annotations only
+    import torch
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    #: What ``device=`` takes: an int (NumPy's too), "cuda:N" or "cuda", a torch.device("cuda", N).
+    Device = Union[SupportsIndex, str, torch.device]
+    #: An optional (values, scales) pair of quantized outputs.
+    OutputPair = Optional[Tuple[Tensor, Tensor]]
+
+_T = TypeVar("_T")
 _EXT: Any = None
 
 
-def _lib():
+def _lib() -> Any:
     """The compiled extension, loaded on first use (so that ``import mhccl`` works anywhere).
     NoDeviceError where it cannot be loaded: this machine cannot run mhccl as built."""
     global _EXT
@@ -70,7 +82,7 @@ def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) ->
     range unless narrower). A torch.SymInt (a dynamic size while torch.compile traces) is
     returned as it is: its range is not known until the compiled code runs."""
     if _is_symint(value):
-        return value
+        return value  # type: ignore[no-any-return]
     if _is_boolish(value) or not hasattr(type(value), "__index__"):
         raise ArgumentTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     try:
@@ -127,7 +139,7 @@ def _str_arg(name: str, value: Any) -> str:
     return value
 
 
-def _tensor_arg(name: str, value: Any, optional: bool = False):
+def _tensor_arg(name: str, value: Any, optional: bool = False) -> Any:
     import torch
 
     if value is None and optional:
@@ -138,7 +150,7 @@ def _tensor_arg(name: str, value: Any, optional: bool = False):
     return value
 
 
-def _pair_arg(name: str, value: Any):
+def _pair_arg(name: str, value: Any) -> Tuple[Any, Any]:
     """An optional (values, scales) output pair."""
     if value is None:
         return None, None
@@ -213,7 +225,7 @@ def fp8_group_scale_bytes(m: int, hidden: int) -> int:
     return n
 
 
-def fp8_group_scales_view(scales, m: int, hidden: int):
+def fp8_group_scales_view(scales: Tensor, m: int, hidden: int) -> Tensor:
     """The MN-major [m, G] view (strides (1, Mp)) of per-token-group FP8 scales, the float32
     tensor DeepGEMM's and vLLM's FP8 block-scaled GEMMs take (G = hidden / 128,
     Mp = ``fp8_group_scale_rows(m)``).
@@ -268,7 +280,8 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     return scales.as_strided((m, groups), (1, mp))
 
 
-def empty_fp8_group_scales(m: int, hidden: int, device: Any = None):
+def empty_fp8_group_scales(m: int, hidden: int,
+                           device: Union[str, torch.device, int, None] = None) -> Tensor:
     """Uninitialized per-token-group FP8 scales for an [m, hidden] layer input: the MN-major
     [m, G] float32 view with strides (1, Mp) of a new buffer of Mp * G floats (what
     ``fp8_out`` takes and the kernels fill, padding rows included, and what DeepGEMM reads).
@@ -286,14 +299,15 @@ def empty_fp8_group_scales(m: int, hidden: int, device: Any = None):
     return buf.as_strided((m, hidden // _FP8_GROUP), (1, fp8_group_scale_rows(m)))
 
 
-def _is_fp8_scales_view(t, m, groups, mp) -> bool:
+def _is_fp8_scales_view(t: Tensor, m: int, groups: int, mp: int) -> bool:
     """Whether ``t`` is the MN-major [m, G] view with strides (1, Mp) (a stride of a dimension
     of size 1 does not matter, as in the C++ check)."""
     return (t.dim() == 2 and tuple(t.shape) == (m, groups) and (m == 1 or t.stride(0) == 1)
             and (groups == 1 or t.stride(1) == mp))
 
 
-def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
+def _fp8_scales_for_kernel(scales: Optional[Tensor], m: int, hidden: int,
+                           name: str = "fp8 scales") -> Optional[Tensor]:
     """The FP8 scales as the C++ call gets them. The MN-major [m, G] view (strides (1, Mp)):
     the flat buffer of Mp * G floats where the view is the whole of a storage of exactly that
     size, from its start (``empty_fp8_group_scales``, or [G, Mp] storage of its own): every
@@ -345,9 +359,9 @@ def _device_index(device: Any) -> int:
     else:  # torch.device
         if device.type != "cuda":
             raise bad
-        index = getattr(device, "index", None)  # a device-like object may lack it
-        if index is not None:
-            return _int_arg("device.index", index, 0, 2**31 - 1)
+        given = getattr(device, "index", None)  # a device-like object may lack it
+        if given is not None:
+            return _int_arg("device.index", given, 0, 2**31 - 1)
         text = "cuda"
     if text.startswith("cuda:"):
         number = text.split(":", 1)[1]
@@ -357,7 +371,7 @@ def _device_index(device: Any) -> int:
     if text == "cuda":
         import torch
 
-        return torch.cuda.current_device()
+        return int(torch.cuda.current_device())
     raise bad
 
 
@@ -446,7 +460,7 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
     return comm
 
 
-def _torch_ops():
+def _torch_ops() -> Any:
     """torch.ops.mhccl (registered when the first instance was built)."""
     import torch
 
@@ -458,10 +472,10 @@ def _stream(device: int) -> int:
     device then reaches the C++ checks, which name it)."""
     import torch
 
-    return torch.cuda.current_stream(device).cuda_stream
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def _bytes_view(t, name, fp8):
+def _bytes_view(t: Optional[Tensor], name: str, fp8: str) -> Optional[Tensor]:
     """``t`` as uint8 where its dtype is ``torch.<fp8>`` (float8_e4m3fn values, float8_e8m0fnu
     MXFP8 scales), which every DLPack version carries. Another 8-bit float is refused here (as
     uint8 it would pass the C++ check, which takes raw bytes); other dtypes go to the C++ checks
@@ -475,7 +489,7 @@ def _bytes_view(t, name, fp8):
     return t.view(torch.uint8)
 
 
-def _packed(t, shape=None):
+def _packed(t: Optional[Tensor], shape: Optional[Sequence[Optional[int]]] = None) -> Any:
     """An input as the kernels read it: contiguous and 16-byte aligned, else a copy (the
     reference module's ``.flatten()`` copies a non-contiguous tensor the same way). ``shape``:
     the shape the C++ check will ask for (None: any size of that dimension); a tensor of
@@ -498,7 +512,7 @@ def _packed(t, shape=None):
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _written(**outputs):
+def _written(**outputs: Optional[Tensor]) -> None:
     """Refuses an output with torch's lazy conjugate or negative bit (``z.conj()``,
     ``z.conj().imag``): the kernels write its memory, which such a view reads conjugated or
     negated. DLPack has no such bit (torch refuses to export it, nanobind then takes the raw
@@ -511,7 +525,7 @@ def _written(**outputs):
                 "a tensor of its own (e.g. torch.empty_like) and conjugate after")
 
 
-def _by_count(t, shape):
+def _by_count(t: Optional[Tensor], shape: Sequence[int]) -> Any:
     """A mix tensor of ``prod(shape)`` elements in any shape (the reference module checks mixes by
     element count and reads them flat), as ``shape``. Other counts go to the C++ checks as given,
     whose message names the expected shape."""
@@ -523,7 +537,7 @@ def _by_count(t, shape):
     return t.reshape(shape)
 
 
-def _mix_count_error(name, t, shape):
+def _mix_count_error(name: str, t: Optional[Tensor], shape: Sequence[int]) -> None:
     n = 1
     for d in shape:
         n *= d
@@ -534,7 +548,7 @@ def _mix_count_error(name, t, shape):
             f"{list(t.shape)} ({t.numel()} elements)")
 
 
-def _counting_rejections(op, fn, *args, **kwargs):
+def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)``, a call of ``op`` (an AllReduceMHC or LamportAllGather). Where it raises before the C++
     op counted it as rejected (a check of this package, a torch allocation or copy, the binding's
     conversions), the call is counted here: every rank's contribution to a call carries its
@@ -557,7 +571,7 @@ def _counting_rejections(op, fn, *args, **kwargs):
 def _compiling() -> bool:
     import torch
 
-    return torch.compiler.is_compiling()
+    return bool(torch.compiler.is_compiling())
 
 
 class AllReduceMHC:
@@ -635,8 +649,8 @@ class AllReduceMHC:
     """
 
     def __init__(self, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
-                 device: Any, quantize_layer_input: bool = False, residual_only: bool = False,
-                 group: Any = None, two_shot_min_rows: int = 0,
+                 device: Device, quantize_layer_input: bool = False, residual_only: bool = False,
+                 group: Optional[ProcessGroup] = None, two_shot_min_rows: int = 0,
                  two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
                  nccl_min_finalize_rows: int = 0, quantize_layer_input_fp8: bool = False,
                  fp8_ue8m0_scales: bool = False, wait_timeout_ms: Optional[int] = None,
@@ -687,7 +701,8 @@ class AllReduceMHC:
     # The checks and the outputs of a call, in Python where the reference module's interface is
     # wider than the C++ API's (mixes by element count, inputs of any strides); every other check
     # is the C++ one, run before the first launch.
-    def _outputs(self, m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out):
+    def _outputs(self, m: int, residual: Tensor, pre: Optional[Tensor], residual_out: Any,
+                 layer_input: Any, mxfp8_out: Any, fp8_out: Any) -> Tuple[Any, ...]:
         import torch
 
         values, scales = _pair_arg("mxfp8_out", mxfp8_out)
@@ -702,7 +717,7 @@ class AllReduceMHC:
                                       device=residual.device)
         return residual_out, layer_input, values, scales, fp8_values, fp8_scales
 
-    def _rows(self, name, t):
+    def _rows(self, name: str, t: Tensor) -> int:
         """M of a call from its leading [M, H] tensor, in [1, max_num_tokens]: checked as the C++
         check does, but before any output is allocated or input copied (an expanded tensor of
         many rows, stride 0, would otherwise be allocated for and copied first). M's range is not
@@ -713,7 +728,7 @@ class AllReduceMHC:
         if t.dim() != 2 or t.shape[1] != self.hidden_size:
             got = "a scalar" if t.dim() == 0 else str(list(t.shape))
             raise InvalidArgumentError(f"{name}: expected shape [M, {self.hidden_size}], got {got}")
-        m = t.shape[0]
+        m: int = t.shape[0]  # an int to the type checker, a SymInt where M is dynamic
         symbolic = not isinstance(m, int)  # a SymInt: fake tensors of a trace with dynamic M
         if not symbolic and not torch.compiler.is_compiling() and not 1 <= m <= self.capacity:
             raise InvalidArgumentError(
@@ -721,7 +736,8 @@ class AllReduceMHC:
                 f"got M={m}")
         return m
 
-    def _epilogue_inputs(self, m, residual, post, comb, pre, norm_weight, norm_eps):
+    def _epilogue_inputs(self, m: int, residual: Any, post: Any, comb: Any, pre: Any,
+                         norm_weight: Any, norm_eps: Any) -> Tuple[Any, ...]:
         residual = _tensor_arg("residual", residual)
         post = _tensor_arg("post", post)
         comb = _tensor_arg("comb", comb)
@@ -734,7 +750,8 @@ class AllReduceMHC:
         _mix_count_error("pre", pre, (m, hc))
         return residual, post, comb, pre, norm_weight, eps
 
-    def _packed_epilogue(self, m, residual, post, comb, pre, norm_weight):
+    def _packed_epilogue(self, m: int, residual: Tensor, post: Tensor, comb: Tensor,
+                         pre: Optional[Tensor], norm_weight: Optional[Tensor]) -> Tuple[Any, ...]:
         """The epilogue's inputs as the C++ API takes them (run where the kernels are launched)."""
         hc, h = self.hc_mult, self.hidden_size
         # Mixes of the right count are [M, hc(, hc)] after _by_count ([M, hc, 1] post too).
@@ -742,7 +759,10 @@ class AllReduceMHC:
                 _packed(_by_count(comb, (m, hc, hc)), (m, hc, hc)),
                 _packed(_by_count(pre, (m, hc)), (m, hc)), _packed(norm_weight, (h,)))
 
-    def _kernel_outputs(self, m, residual_out, layer_input, values, scales, fp8_values, fp8_scales):
+    def _kernel_outputs(self, m: int, residual_out: Tensor, layer_input: Optional[Tensor],
+                        values: Optional[Tensor], scales: Optional[Tensor],
+                        fp8_values: Optional[Tensor], fp8_scales: Optional[Tensor]
+                        ) -> Tuple[Tuple[Any, ...], Optional[Tensor]]:
         """The outputs as the C++ call takes them (run where the kernels are launched): none with
         a lazy conjugate/negative bit (``_written``), the 8-bit ones as bytes (``_bytes_view``),
         and the FP8 scales as ``_fp8_scales_for_kernel`` gives them. Returns (the mxfp8 values,
@@ -755,8 +775,11 @@ class AllReduceMHC:
                      _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
         return quantized, fp8_scales
 
-    def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
-                     layer_input, values, scales, fp8_values=None, fp8_scales=None):
+    def _launch_call(self, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                     pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float, protocol: str,
+                     residual_out: Tensor, layer_input: Optional[Tensor], values: Optional[Tensor],
+                     scales: Optional[Tensor], fp8_values: Optional[Tensor] = None,
+                     fp8_scales: Optional[Tensor] = None) -> None:
         m = self._rows("x", x)
         eps = _eps_arg("norm_eps", eps)
         quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
@@ -765,10 +788,14 @@ class AllReduceMHC:
         self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
                       *quantized, fp8_scales, _stream(self._device), protocol)
 
-    def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
-                         shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
-                         residual_out, layer_input, values, scales, fp8_values=None,
-                         fp8_scales=None):
+    def _launch_finalize(self, gemm2_permuted: Tensor, expert_weights: Tensor,
+                         expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
+                         residual: Tensor, post: Tensor, comb: Tensor, pre: Optional[Tensor],
+                         norm_weight: Optional[Tensor], eps: float, protocol: str,
+                         residual_out: Tensor, layer_input: Optional[Tensor],
+                         values: Optional[Tensor], scales: Optional[Tensor],
+                         fp8_values: Optional[Tensor] = None,
+                         fp8_scales: Optional[Tensor] = None) -> None:
         m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
         eps = _eps_arg("norm_eps", eps)
         quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
@@ -780,10 +807,11 @@ class AllReduceMHC:
                           _packed(shared_output, (m, h)), *ins, eps, residual_out, layer_input,
                           *quantized, fp8_scales, _stream(self._device), protocol)
 
-    def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None,
-                 fp8_out: Optional[Tuple[Any, Any]] = None):
+    def __call__(self, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                 pre: Optional[Tensor], norm_weight: Optional[Tensor], norm_eps: float,
+                 mxfp8_out: OutputPair = None, protocol: str = "auto", *,
+                 residual_out: Optional[Tensor] = None, layer_input: Optional[Tensor] = None,
+                 fp8_out: OutputPair = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Return (post-mixed residual streams, normalized layer input).
 
         Args:
@@ -850,9 +878,10 @@ class AllReduceMHC:
                                     layer_input=layer_input, fp8_out=fp8_out)
 
     # The body of the public method above (which counts its rejections).
-    def _call(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
-              mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-              residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
+    def _call(self, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+              norm_eps: Any, mxfp8_out: Any = None, protocol: Any = "auto", *,
+              residual_out: Any = None, layer_input: Any = None,
+              fp8_out: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         x = _tensor_arg("x", x)
         m = self._rows("x", x)
         residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
@@ -869,11 +898,12 @@ class AllReduceMHC:
                                protocol, res_out, li, values, scales, fp8_values, fp8_scales)
         return res_out, li
 
-    def finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                 residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None,
-                 fp8_out: Optional[Tuple[Any, Any]] = None):
+    def finalize(self, gemm2_permuted: Tensor, expert_weights: Tensor,
+                 expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor, residual: Tensor,
+                 post: Tensor, comb: Tensor, pre: Optional[Tensor], norm_weight: Optional[Tensor],
+                 norm_eps: float, mxfp8_out: OutputPair = None, protocol: str = "auto", *,
+                 residual_out: Optional[Tensor] = None, layer_input: Optional[Tensor] = None,
+                 fp8_out: OutputPair = None) -> Tuple[Tensor, Optional[Tensor]]:
         """``__call__`` for a MoE output left unfinalized: this rank's x is
         ``bf16(sum over valid routes of weight * gemm2 row + shared_output)`` (the shared expert
         added last, one rounding).
@@ -897,10 +927,11 @@ class AllReduceMHC:
                                     layer_input=layer_input, fp8_out=fp8_out)
 
     # The body of the public method above (which counts its rejections).
-    def _finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                  residual, post, comb, pre, norm_weight, norm_eps: float,
-                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                  residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
+    def _finalize(self, gemm2_permuted: Any, expert_weights: Any, expanded_idx_to_permuted_idx: Any,
+                  shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any,
+                  norm_weight: Any, norm_eps: Any, mxfp8_out: Any = None, protocol: Any = "auto",
+                  *, residual_out: Any = None, layer_input: Any = None,
+                  fp8_out: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         gemm2_permuted = _tensor_arg("gemm2_permuted", gemm2_permuted)
         expert_weights = _tensor_arg("expert_weights", expert_weights)
         idx = _tensor_arg("expanded_idx_to_permuted_idx", expanded_idx_to_permuted_idx)
@@ -931,7 +962,8 @@ class AllReduceMHC:
         Raises: ArgumentTypeError (``m`` not an int, ``finalize`` not a bool),
         InvalidArgumentError (``m`` outside [1, max_num_tokens], which no call takes).
         """
-        return self._op.protocol_for(_int_arg("m", m, 1, self.capacity), _bool_arg("finalize", finalize))
+        return str(self._op.protocol_for(_int_arg("m", m, 1, self.capacity),
+                                         _bool_arg("finalize", finalize)))
 
     def check_errors(self) -> None:
         """Raise what a kernel of this TP group recorded since the last check: PeerTimeoutError or
@@ -943,7 +975,7 @@ class AllReduceMHC:
     @property
     def mailbox_bytes(self) -> int:
         """Device memory of this instance's mailboxes and buffers on this rank, in bytes."""
-        return self._op.mailbox_bytes
+        return int(self._op.mailbox_bytes)
 
     @property
     def wait_timeout_ms(self) -> int:
@@ -988,7 +1020,8 @@ class LamportAllGather:
     Raises: as ``AllReduceMHC``'s constructor.
     """
 
-    def __init__(self, *, rank_capacity_bytes: int, device: Any, group: Any = None,
+    def __init__(self, *, rank_capacity_bytes: int, device: Device,
+                 group: Optional[ProcessGroup] = None,
                  wait_timeout_ms: Optional[int] = None, watchdog: bool = True,
                  force_nccl_fallback: bool = False) -> None:
         rank_capacity_bytes = _int_arg("rank_capacity_bytes", rank_capacity_bytes)
@@ -1003,15 +1036,15 @@ class LamportAllGather:
         _ops.ensure_registered()
         self._handle = _ops.register_instance(self)
 
-    def accepts(self, inp) -> bool:
+    def accepts(self, inp: Tensor) -> bool:
         """Whether ``inp`` fits: 1 to 16 dimensions, 16 to ``rank_capacity_bytes`` bytes, a
         multiple of 16 (what the call checks)."""
         inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
-        return (1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes
-                and nbytes % 16 == 0)
+        return bool(1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes
+                    and nbytes % 16 == 0)
 
-    def _check_size(self, inp) -> None:
+    def _check_size(self, inp: Tensor) -> None:
         """What ``accepts`` decides, as the C++ check says it, but before the output is allocated
         or ``inp`` copied (an expanded ``inp``, stride 0, may stand for far more bytes than it
         holds)."""
@@ -1025,12 +1058,12 @@ class LamportAllGather:
                 f"{self.rank_capacity_bytes} (rank_capacity_bytes), got "
                 f"{inp.numel() * inp.element_size()} bytes: {list(inp.shape)} {inp.dtype}")
 
-    def _launch(self, inp, out):
+    def _launch(self, inp: Tensor, out: Tensor) -> None:
         """The C++ call; the torch ops check ``inp``'s size first (``_check_size``)."""
         _written(out=out)
         self._op.call(_packed(inp), out, _stream(self._device))
 
-    def __call__(self, inp):
+    def __call__(self, inp: Tensor) -> Tensor:
         """Every rank's ``inp`` concatenated along dim 0 in rank order, on the current stream
         (a non-contiguous or misaligned ``inp`` is copied first).
 
@@ -1046,16 +1079,17 @@ class LamportAllGather:
         self._comm.check_errors()
 
     # The body of the public method above (which counts its rejections).
-    def _gather(self, inp):
+    def _gather(self, inp: Any) -> Tensor:
         inp = _tensor_arg("inp", inp)
         if inp.dim() == 0:
             raise InvalidArgumentError("inp: expected at least one dimension, got a scalar")
-        return _torch_ops().all_gather(self._handle, inp)  # which checks the size (real and fake)
+        out: Tensor = _torch_ops().all_gather(self._handle, inp)  # checks the size (real and fake)
+        return out
 
     @property
     def mailbox_bytes(self) -> int:
         """Device memory of this instance's Lamport mailbox on this rank, in bytes."""
-        return self._op.mailbox_bytes
+        return int(self._op.mailbox_bytes)
 
     @property
     def wait_timeout_ms(self) -> int:
