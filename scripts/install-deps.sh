@@ -5,7 +5,7 @@
 #   scripts/install-deps.sh            the C++ build and tests (CMake, Ninja, g++, CLI11,
 #                                      nlohmann-json, DLPack, GoogleTest: Debian/Ubuntu packages)
 #                                      and the Python package's build and test tools
-#                                      (scikit-build-core, nanobind, pytest, numpy: pip, into
+#                                      (scikit-build-core, nanobind, pytest, numpy, mypy: pip, into
 #                                      ${PYTHON:-python3}; Python.h from python3-dev for Debian's python3)
 #   scripts/install-deps.sh --torch    also PyTorch, for the torch tests (torch==2.11.0, about
 #                                      4.6 GB; MHCCL_TORCH overrides the requirement)
@@ -49,18 +49,18 @@ if ((${#missing[@]})); then
 fi
 
 # The Python package's build and test tools (small): what scripts/test.sh needs to build the
-# extension and run the Python CPU tests.
+# extension and run the Python CPU tests (mypy: ctest python-mypy, the type check).
 python_warning=""
 if ! command -v "$py" >/dev/null; then
   python_warning="no $py: the Python package's tests will be skipped"
 elif ! "$py" - 2>/dev/null <<'PY'
 import importlib
-for m in ("scikit_build_core", "nanobind", "pytest", "numpy"):
+for m in ("scikit_build_core", "nanobind", "pytest", "numpy", "mypy"):
     importlib.import_module(m)
 PY
 then
-  echo "install-deps: $py -m pip install scikit-build-core nanobind pytest numpy"
-  if ! "$py" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" pytest numpy; then
+  echo "install-deps: $py -m pip install scikit-build-core nanobind pytest numpy mypy"
+  if ! "$py" -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" pytest numpy "mypy>=1.8"; then
     python_warning="pip could not install the Python build tools into $("$py" -c 'import sys; print(sys.executable)'), see above (an externally managed Python? use a virtualenv); the Python package's tests will be skipped"
   fi
 fi

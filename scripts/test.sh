@@ -5,7 +5,8 @@
 #   GPU tests         tests/gpu at TP=1 and, through mhccl-launch, TP=2, the dead-peer tests, and
 #                     the Python package's GPU tests (skipped without a CUDA device, saying CUDA's reason)
 #   Python CPU tests  python/tests/test_*cpu.py but the torch ones (need the Python extension:
-#                     nanobind, which scripts/install-deps.sh installs)
+#                     nanobind, which scripts/install-deps.sh installs), and python-mypy (mypy
+#                     --strict over the built package and python/tests/typing_public_api.py)
 #   torch tests       python/tests/test_torch_*cpu.py (need PyTorch: scripts/install-deps.sh --torch)
 # Arguments go to ctest (e.g. -R cpu). The summary is also written to ${BUILD_DIR:-build}/test-summary.txt.
 # Exit code: ctest's (skipped suites do not fail it; the summary names them).
@@ -85,7 +86,7 @@ summary() {
   done <<'SUITES'
 C++ CPU tests|^cpu
 GPU tests|^(gpu_|python_gpu$)
-Python CPU tests|^python_cpu$
+Python CPU tests|^(python_cpu|python-mypy)$
 torch tests|^python_torch$
 SUITES
 }

@@ -2,9 +2,11 @@
 
 Tensors cross into C++ through DLPack without copies (an input that is not contiguous or not
 16-byte aligned is copied first); work goes on PyTorch's current CUDA stream of the tensors'
-device, so CUDA-graph capture by PyTorch records it. Wrong Python types raise ``TypeError`` naming
-the argument; argument errors ``ValueError`` and system errors (CUDA, NCCL, a peer that never
-published) ``RuntimeError``, with the C++ message; argument errors before anything is launched.
+device, so CUDA-graph capture by PyTorch records it. Every error is an ``mhccl.Error``
+(``mhccl/_errors.py``): a wrong Python type ``ArgumentTypeError`` (a ``TypeError``) naming the
+argument, argument errors ``InvalidArgumentError`` / ``UnsupportedError`` (each a
+``ValueError``), raised before anything is launched, and system errors (CUDA, NCCL, a peer that never published)
+the class of their C++ code, with the C++ message.
 """
 
 from __future__ import annotations
@@ -14,15 +16,29 @@ import os
 import operator
 import sys
 import weakref
-from typing import Any, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
+                    Union)
 
 from . import _ops
+from ._errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError
 
+if TYPE_CHECKING:  # PyTorch is not a dependency: its types for the annotations only
+    import torch
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    #: What ``device=`` takes: an int (NumPy's too), "cuda:N" or "cuda", a torch.device("cuda", N).
+    Device = Union[SupportsIndex, str, torch.device]
+    #: An optional (values, scales) pair of quantized outputs.
+    OutputPair = Optional[Tuple[Tensor, Tensor]]
+
+_T = TypeVar("_T")
 _EXT: Any = None
 
 
-def _lib():
-    """The compiled extension, loaded on first use (so that ``import mhccl`` works anywhere)."""
+def _lib() -> Any:
+    """The compiled extension, loaded on first use (so that ``import mhccl`` works anywhere).
+    NoDeviceError where it cannot be loaded: this machine cannot run mhccl as built."""
     global _EXT
     if _EXT is None:
         try:
@@ -32,12 +48,12 @@ def _lib():
             built = sorted(f for f in os.listdir(here) if f.startswith("_mhccl.") and f.endswith(".so"))
             tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
             if built and not any(tag in f or ".abi3." in f for f in built):
-                raise RuntimeError(
+                raise NoDeviceError(
                     f"mhccl's compiled extension could not be loaded ({e}): {here} holds "
                     f"{', '.join(built)}, built for another Python than this one "
                     f"({sys.version.split()[0]}); build it for this interpreter (scripts/test.sh "
                     "with its virtualenv active, or pip install . with it)") from e
-            raise RuntimeError(
+            raise NoDeviceError(
                 f"mhccl's compiled extension could not be loaded ({e}); it needs the CUDA 13 "
                 "runtime and NCCL >= 2.28 (see README.md)") from e
     return _EXT
@@ -66,15 +82,16 @@ def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) ->
     range unless narrower). A torch.SymInt (a dynamic size while torch.compile traces) is
     returned as it is: its range is not known until the compiled code runs."""
     if _is_symint(value):
-        return value
+        return value  # type: ignore[no-any-return]
     if _is_boolish(value) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     try:
         v = operator.index(value)
     except TypeError:  # e.g. a float tensor or an array of several elements, which have __index__
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
+        raise ArgumentTypeError(
+            f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
     if not lo <= v <= hi:
-        raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {v}")
+        raise InvalidArgumentError(f"{name}: expected an int in [{lo}, {hi}], got {v}")
     return v
 
 
@@ -83,21 +100,23 @@ def _bool_arg(name: str, value: Any) -> bool:
     if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
         return bool(value)
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
     return value
 
 
 def _float_arg(name: str, value: Any) -> float:
     """An int or float (not bool, not str, not a bool tensor) as a float."""
     if _is_boolish(value) or isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except OverflowError:  # e.g. an int beyond the float range
-        raise ValueError(f"{name}: expected a finite float, got {type(value).__name__} beyond the "
-                         "float range") from None
+        raise InvalidArgumentError(
+            f"{name}: expected a finite float, got {type(value).__name__} beyond the "
+            "float range") from None
     except (TypeError, ValueError, RuntimeError):  # a tensor of several elements, a meta tensor
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}") from None
+        raise ArgumentTypeError(
+            f"{name}: expected a float, got {type(value).__name__} {value!r}") from None
 
 
 _FLT_MAX = 3.4028234663852886e38  # the largest finite float32 (the C++ API's eps is a float)
@@ -108,35 +127,36 @@ def _eps_arg(name: str, value: Any) -> float:
     tiny negative would round to -0.0 and pass, a value beyond FLT_MAX would be undefined)."""
     eps = _float_arg(name, value)
     if not 0.0 <= eps <= _FLT_MAX:  # NaN fails both
-        raise ValueError(f"{name}: expected a finite RMSNorm epsilon >= 0 (at most {_FLT_MAX:.7g}, "
-                         f"a float32), got {eps!r}")
+        raise InvalidArgumentError(
+            f"{name}: expected a finite RMSNorm epsilon >= 0 (at most {_FLT_MAX:.7g}, "
+            f"a float32), got {eps!r}")
     return eps
 
 
 def _str_arg(name: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{name}: expected a str, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name}: expected a str, got {type(value).__name__} {value!r}")
     return value
 
 
-def _tensor_arg(name: str, value: Any, optional: bool = False):
+def _tensor_arg(name: str, value: Any, optional: bool = False) -> Any:
     import torch
 
     if value is None and optional:
         return None
     if not isinstance(value, torch.Tensor):
         want = "a torch.Tensor or None" if optional else "a torch.Tensor"
-        raise TypeError(f"{name}: expected {want}, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name}: expected {want}, got {type(value).__name__}")
     return value
 
 
-def _pair_arg(name: str, value: Any):
+def _pair_arg(name: str, value: Any) -> Tuple[Any, Any]:
     """An optional (values, scales) output pair."""
     if value is None:
         return None, None
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"{name}: expected a (values, scales) pair of tensors or None, "
-                        f"got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name}: expected a (values, scales) pair of tensors or None, "
+                                f"got {type(value).__name__}")
     return _tensor_arg(f"{name}[0] (values)", value[0]), _tensor_arg(f"{name}[1] (scales)", value[1])
 
 
@@ -156,10 +176,10 @@ def mxfp8_scale_bytes(m: int, hidden: int) -> int:
     m = _int_arg("m", m, 0)
     hidden = _int_arg("hidden", hidden, 1)
     if hidden % 32:
-        raise ValueError(f"hidden: expected a positive multiple of 32, got {hidden}")
+        raise InvalidArgumentError(f"hidden: expected a positive multiple of 32, got {hidden}")
     n = _ops._scale_bytes(m, hidden)
     if not _is_symint(n) and n > _INT64_MAX:
-        raise ValueError(f"mxfp8_scale_bytes({m}, {hidden}): {n} bytes exceed int64")
+        raise InvalidArgumentError(f"mxfp8_scale_bytes({m}, {hidden}): {n} bytes exceed int64")
     return n
 
 
@@ -198,14 +218,14 @@ def fp8_group_scale_bytes(m: int, hidden: int) -> int:
     m = _int_arg("m", m, 0)
     hidden = _int_arg("hidden", hidden, 1)
     if hidden % _FP8_GROUP:
-        raise ValueError(f"hidden: expected a positive multiple of 128, got {hidden}")
+        raise InvalidArgumentError(f"hidden: expected a positive multiple of 128, got {hidden}")
     n = 4 * _ops._fp8_scale_rows(m) * (hidden // _FP8_GROUP)
     if not _is_symint(n) and n > _FP8_MAX_BYTES:
-        raise ValueError(f"fp8_group_scale_bytes({m}, {hidden}): {n} bytes exceed 2**62")
+        raise InvalidArgumentError(f"fp8_group_scale_bytes({m}, {hidden}): {n} bytes exceed 2**62")
     return n
 
 
-def fp8_group_scales_view(scales, m: int, hidden: int):
+def fp8_group_scales_view(scales: Tensor, m: int, hidden: int) -> Tensor:
     """The MN-major [m, G] view (strides (1, Mp)) of per-token-group FP8 scales, the float32
     tensor DeepGEMM's and vLLM's FP8 block-scaled GEMMs take (G = hidden / 128,
     Mp = ``fp8_group_scale_rows(m)``).
@@ -232,32 +252,36 @@ def fp8_group_scales_view(scales, m: int, hidden: int):
     scales = _tensor_arg("scales", scales)
     mp, groups = fp8_group_scale_rows(m), hidden // _FP8_GROUP
     if scales.dtype != torch.float32:
-        raise ValueError(f"scales: expected dtype float32, got {scales.dtype}")
+        raise InvalidArgumentError(f"scales: expected dtype float32, got {scales.dtype}")
     if _is_fp8_scales_view(scales, m, groups, mp):
         _fp8_scales_for_kernel(scales, m, hidden, "scales")  # over storage of its extent at least
         return scales
     m_by_g = tuple(scales.shape) == (m, groups) and m > 1 and groups > 1
     if m_by_g and scales.stride(0) == 1:  # MN-major, but columns not Mp floats apart
-        raise ValueError(f"scales: expected the MN-major view [{m}, {groups}] with strides (1, {mp}) "
-                         f"(columns of Mp = fp8_group_scale_rows({m}) = {mp} floats, 16-byte aligned "
-                         "as DeepGEMM's TMA-aligned layout; vLLM's tma_aligned_scales=True) or the "
-                         f"flat buffer of {floats} floats, got column stride {scales.stride(1)}")
+        raise InvalidArgumentError(
+            f"scales: expected the MN-major view [{m}, {groups}] with strides (1, {mp}) "
+            f"(columns of Mp = fp8_group_scale_rows({m}) = {mp} floats, 16-byte aligned "
+            "as DeepGEMM's TMA-aligned layout; vLLM's tma_aligned_scales=True) or the "
+            f"flat buffer of {floats} floats, got column stride {scales.stride(1)}")
     # At m == G == Mp (e.g. m = 40 at hidden = 5120) [m, G] is also [G, Mp], the storage order
     # itself, and the two cannot be told apart: taken as [G, Mp], as the C++ check does.
     if m_by_g and scales.is_contiguous() and not m == groups == mp:
-        raise ValueError(f"scales: expected the flat buffer of {floats} floats or the MN-major view "
-                         f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
-                         f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
-                         "[r, g] would not be scale(r, g) (at g * Mp + r)")
+        raise InvalidArgumentError(
+            f"scales: expected the flat buffer of {floats} floats or the MN-major view "
+            f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
+            f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
+            "[r, g] would not be scale(r, g) (at g * Mp + r)")
     if scales.numel() != floats or not scales.is_contiguous():
-        raise ValueError(f"scales: expected a contiguous tensor of {floats} float32 elements "
-                         f"(fp8_group_scale_rows({m}) * {groups}) or the view [{m}, {groups}] with "
-                         f"strides (1, {mp}), got shape {list(scales.shape)} with strides "
-                         f"{tuple(scales.stride())}")
+        raise InvalidArgumentError(
+            f"scales: expected a contiguous tensor of {floats} float32 elements "
+            f"(fp8_group_scale_rows({m}) * {groups}) or the view [{m}, {groups}] with "
+            f"strides (1, {mp}), got shape {list(scales.shape)} with strides "
+            f"{tuple(scales.stride())}")
     return scales.as_strided((m, groups), (1, mp))
 
 
-def empty_fp8_group_scales(m: int, hidden: int, device: Any = None):
+def empty_fp8_group_scales(m: int, hidden: int,
+                           device: Union[str, torch.device, int, None] = None) -> Tensor:
     """Uninitialized per-token-group FP8 scales for an [m, hidden] layer input: the MN-major
     [m, G] float32 view with strides (1, Mp) of a new buffer of Mp * G floats (what
     ``fp8_out`` takes and the kernels fill, padding rows included, and what DeepGEMM reads).
@@ -275,14 +299,15 @@ def empty_fp8_group_scales(m: int, hidden: int, device: Any = None):
     return buf.as_strided((m, hidden // _FP8_GROUP), (1, fp8_group_scale_rows(m)))
 
 
-def _is_fp8_scales_view(t, m, groups, mp) -> bool:
+def _is_fp8_scales_view(t: Tensor, m: int, groups: int, mp: int) -> bool:
     """Whether ``t`` is the MN-major [m, G] view with strides (1, Mp) (a stride of a dimension
     of size 1 does not matter, as in the C++ check)."""
     return (t.dim() == 2 and tuple(t.shape) == (m, groups) and (m == 1 or t.stride(0) == 1)
             and (groups == 1 or t.stride(1) == mp))
 
 
-def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
+def _fp8_scales_for_kernel(scales: Optional[Tensor], m: int, hidden: int,
+                           name: str = "fp8 scales") -> Optional[Tensor]:
     """The FP8 scales as the C++ call gets them. The MN-major [m, G] view (strides (1, Mp)):
     the flat buffer of Mp * G floats where the view is the whole of a storage of exactly that
     size, from its start (``empty_fp8_group_scales``, or [G, Mp] storage of its own): every
@@ -306,22 +331,24 @@ def _fp8_scales_for_kernel(scales, m, hidden, name="fp8 scales"):
     held = stored - scales.storage_offset()
     extent = (groups - 1) * mp + m
     if held < extent:
-        raise ValueError(f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over at "
-                         f"least {extent} floats ((G - 1) * Mp + M), its storage holds {held} from "
-                         "its offset (allocate with mhccl.empty_fp8_group_scales)")
+        raise InvalidArgumentError(
+            f"{name}: the view [{m}, {groups}] with strides (1, {mp}) must lie over at "
+            f"least {extent} floats ((G - 1) * Mp + M), its storage holds {held} from "
+            "its offset (allocate with mhccl.empty_fp8_group_scales)")
     return scales
 
 
 def _device_index(device: Any) -> int:
     """The CUDA device number of an int (NumPy's too), a torch.device('cuda[:N]') or a 'cuda[:N]'
     string, in [0, 2**31) (the C++ API's int)."""
-    bad = ValueError(f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
-                     f"got {device!r}")
+    bad = InvalidArgumentError(
+        f"device: expected a CUDA device (torch.device('cuda:N'), 'cuda:N' or N >= 0), "
+        f"got {device!r}")
     is_int = not isinstance(device, (bool, str)) and hasattr(type(device), "__index__")
     if isinstance(device, bool) or not (is_int or isinstance(device, str)
                                         or getattr(device, "type", None) is not None):
-        raise TypeError(f"device: expected an int, a 'cuda:N' str or a torch.device, "
-                        f"got {type(device).__name__} {device!r}")
+        raise ArgumentTypeError(f"device: expected an int, a 'cuda:N' str or a torch.device, "
+                                f"got {type(device).__name__} {device!r}")
     if is_int:
         index = _int_arg("device", device)
         if not 0 <= index < 2**31:
@@ -332,9 +359,9 @@ def _device_index(device: Any) -> int:
     else:  # torch.device
         if device.type != "cuda":
             raise bad
-        index = getattr(device, "index", None)  # a device-like object may lack it
-        if index is not None:
-            return _int_arg("device.index", index, 0, 2**31 - 1)
+        given = getattr(device, "index", None)  # a device-like object may lack it
+        if given is not None:
+            return _int_arg("device.index", given, 0, 2**31 - 1)
         text = "cuda"
     if text.startswith("cuda:"):
         number = text.split(":", 1)[1]
@@ -344,7 +371,7 @@ def _device_index(device: Any) -> int:
     if text == "cuda":
         import torch
 
-        return torch.cuda.current_device()
+        return int(torch.cuda.current_device())
     raise bad
 
 
@@ -381,21 +408,39 @@ def _group_layout(group: Any) -> Tuple[Any, int, int]:
         if group is None:
             group = dist.group.WORLD
     elif not isinstance(group, getattr(dist, "ProcessGroup", ())):
-        raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, "
-                        f"got {type(group).__name__}")
+        raise ArgumentTypeError(f"group: expected a torch.distributed ProcessGroup or None, "
+                                f"got {type(group).__name__}")
     return group, dist.get_world_size(group), dist.get_rank(group)
 
 
-# One communicator per (group, device), shared by every op built on it while any is alive.
-_COMMUNICATORS: "weakref.WeakValueDictionary[Tuple[int, int], Any]" = weakref.WeakValueDictionary()
+_MAX_WAIT_TIMEOUT_MS = 24 * 3600 * 1000  # the C++ bound (src/comm/communicator.cpp): a day
 
 
-def _communicator(group: Any, device: int, wait_timeout_ms: int = 0):
+def _options_args(wait_timeout_ms: Any, watchdog: Any, force_nccl_fallback: Any
+                  ) -> Tuple[Optional[int], bool, bool]:
+    """The communicator options of a constructor, checked as the C++ constructor checks them, but
+    before anything is built: wait_timeout_ms None (the default) or an int in [1, 86400000]."""
+    if wait_timeout_ms is not None:
+        wait_timeout_ms = _int_arg("wait_timeout_ms", wait_timeout_ms, 1, _MAX_WAIT_TIMEOUT_MS)
+    return (wait_timeout_ms, _bool_arg("watchdog", watchdog),
+            _bool_arg("force_nccl_fallback", force_nccl_fallback))
+
+
+# One communicator per (group, device, options), shared by every op built on it while any is
+# alive: its rejected-call count and its unusable state are theirs in common.
+_COMMUNICATORS: "weakref.WeakValueDictionary[Tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
+
+
+def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
+                  watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
     """The collective construction of a TP group's communicator: rank 0 of ``group`` makes the NCCL
-    unique id, the group broadcasts it (torch.distributed), every rank builds its communicator."""
+    unique id, the group broadcasts it (torch.distributed), every rank builds its communicator.
+    Ops of other options get a communicator of their own (every rank passes the same options, so
+    every rank builds it)."""
     lib = _lib()
     group, tp, rank = _group_layout(group)
-    key = (id(group) if group is not None else 0, device)
+    key = (id(group) if group is not None else 0, device, wait_timeout_ms, watchdog,
+           force_nccl_fallback)
     comm = _COMMUNICATORS.get(key)
     if comm is not None:
         return comm
@@ -409,12 +454,13 @@ def _communicator(group: Any, device: int, wait_timeout_ms: int = 0):
         with torch.cuda.device(device):
             dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         uid = box[0]
-    comm = lib.Communicator(uid, rank, tp, device, wait_timeout_ms)
+    comm = lib.Communicator(uid, rank, tp, device, wait_timeout_ms=wait_timeout_ms,
+                            watchdog=watchdog, force_nccl_fallback=force_nccl_fallback)
     _COMMUNICATORS[key] = comm
     return comm
 
 
-def _torch_ops():
+def _torch_ops() -> Any:
     """torch.ops.mhccl (registered when the first instance was built)."""
     import torch
 
@@ -426,10 +472,10 @@ def _stream(device: int) -> int:
     device then reaches the C++ checks, which name it)."""
     import torch
 
-    return torch.cuda.current_stream(device).cuda_stream
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def _bytes_view(t, name, fp8):
+def _bytes_view(t: Optional[Tensor], name: str, fp8: str) -> Optional[Tensor]:
     """``t`` as uint8 where its dtype is ``torch.<fp8>`` (float8_e4m3fn values, float8_e8m0fnu
     MXFP8 scales), which every DLPack version carries. Another 8-bit float is refused here (as
     uint8 it would pass the C++ check, which takes raw bytes); other dtypes go to the C++ checks
@@ -439,11 +485,11 @@ def _bytes_view(t, name, fp8):
     if t is None or not t.dtype.is_floating_point or t.element_size() != 1:
         return t
     if t.dtype != getattr(torch, fp8, None):
-        raise ValueError(f"{name}: expected dtype {fp8} (or uint8/int8), got {t.dtype}")
+        raise InvalidArgumentError(f"{name}: expected dtype {fp8} (or uint8/int8), got {t.dtype}")
     return t.view(torch.uint8)
 
 
-def _packed(t, shape=None):
+def _packed(t: Optional[Tensor], shape: Optional[Sequence[Optional[int]]] = None) -> Any:
     """An input as the kernels read it: contiguous and 16-byte aligned, else a copy (the
     reference module's ``.flatten()`` copies a non-contiguous tensor the same way). ``shape``:
     the shape the C++ check will ask for (None: any size of that dimension); a tensor of
@@ -466,19 +512,20 @@ def _packed(t, shape=None):
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _written(**outputs):
+def _written(**outputs: Optional[Tensor]) -> None:
     """Refuses an output with torch's lazy conjugate or negative bit (``z.conj()``,
     ``z.conj().imag``): the kernels write its memory, which such a view reads conjugated or
     negated. DLPack has no such bit (torch refuses to export it, nanobind then takes the raw
     memory), so nothing else would notice."""
     for name, t in outputs.items():
         if t is not None and (t.is_conj() or t.is_neg()):
-            raise ValueError(f"{name}: expected a tensor without the lazy conjugate or negative bit "
-                             "(the call writes its memory), got a conjugated or negated view: pass "
-                             "a tensor of its own (e.g. torch.empty_like) and conjugate after")
+            raise InvalidArgumentError(
+                f"{name}: expected a tensor without the lazy conjugate or negative bit "
+                "(the call writes its memory), got a conjugated or negated view: pass "
+                "a tensor of its own (e.g. torch.empty_like) and conjugate after")
 
 
-def _by_count(t, shape):
+def _by_count(t: Optional[Tensor], shape: Sequence[int]) -> Any:
     """A mix tensor of ``prod(shape)`` elements in any shape (the reference module checks mixes by
     element count and reads them flat), as ``shape``. Other counts go to the C++ checks as given,
     whose message names the expected shape."""
@@ -490,17 +537,18 @@ def _by_count(t, shape):
     return t.reshape(shape)
 
 
-def _mix_count_error(name, t, shape):
+def _mix_count_error(name: str, t: Optional[Tensor], shape: Sequence[int]) -> None:
     n = 1
     for d in shape:
         n *= d
     if t is not None and t.numel() != n:
         dims = ", ".join(str(d) for d in shape)
-        raise ValueError(f"{name}: expected {n} elements ([{dims}] in any shape), got shape "
-                         f"{list(t.shape)} ({t.numel()} elements)")
+        raise InvalidArgumentError(
+            f"{name}: expected {n} elements ([{dims}] in any shape), got shape "
+            f"{list(t.shape)} ({t.numel()} elements)")
 
 
-def _counting_rejections(op, fn, *args, **kwargs):
+def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)``, a call of ``op`` (an AllReduceMHC or LamportAllGather). Where it raises before the C++
     op counted it as rejected (a check of this package, a torch allocation or copy, the binding's
     conversions), the call is counted here: every rank's contribution to a call carries its
@@ -523,7 +571,7 @@ def _counting_rejections(op, fn, *args, **kwargs):
 def _compiling() -> bool:
     import torch
 
-    return torch.compiler.is_compiling()
+    return bool(torch.compiler.is_compiling())
 
 
 class AllReduceMHC:
@@ -562,25 +610,51 @@ class AllReduceMHC:
             the fused consumer is used (0: never). At TP=2 calls of 4096 rows or more are
             faster that way, but NCCL waits for a dead peer without a time budget (the Lamport
             paths raise instead). ``protocol_for`` says which path a call takes.
+        wait_timeout_ms: the budget of every wait on a peer, in milliseconds: an int in
+            [1, 86400000] (24 h), or None (the default) for 30000. Each Lamport wait of a call,
+            the host-side waits (construction, barriers, teardown) and the NCCL fallback's
+            operations (through the watchdog) end after it with ``PeerTimeoutError`` naming
+            the peer, instead of waiting for a dead one. ``MHCCL_WAIT_TIMEOUT_MS``, where set,
+            wins over this argument and the default alike (the C++ constructor applies it over
+            any value; the attribute ``wait_timeout_ms`` says the budget in effect). Give every
+            rank the same budget; ranks must start within it of one another.
+        watchdog: the NCCL fallback's watchdog thread (default True): from the first fallback
+            call on, a background thread aborts the NCCL communicator when a fallback operation
+            made no progress for the budget, so that a synchronization stuck behind a dead peer
+            returns and the next call raises ``PeerTimeoutError``. False: only calls and
+            ``check_errors()`` look. Keep it on where the fallback runs inside CUDA graphs.
+        force_nccl_fallback: take the NCCL fallback (ncclAllReduce + the same fused consumer)
+            even where every peer's memory is reachable (default False).
+
+        Ops built on the same group and device with the same ``wait_timeout_ms``, ``watchdog``
+        and ``force_nccl_fallback`` share one communicator (C++ ``CommunicatorOptions``); other
+        values build another one (collectively: pass the same on every rank).
 
     Attributes:
         bt_min_rows, bt_min_finalize_rows: as in the reference module, the least M from which a
             call (finalize) uses the two-shot protocol; ``capacity + 1`` (capacity:
             ``max_num_tokens``, as the module's attribute of that name) when two-shot is not
             built (TP=1, a threshold above ``max_num_tokens``, peers reached through NCCL only).
+        wait_timeout_ms, watchdog, force_nccl_fallback: the communicator's options in effect
+            (read only; ``wait_timeout_ms`` with ``MHCCL_WAIT_TIMEOUT_MS`` applied).
 
     Raises:
-        TypeError: an argument of the wrong Python type (named in the message).
-        ValueError: a limit above is broken (before any GPU work).
-        RuntimeError: no CUDA device, NCCL or CUDA failures.
+        ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
+        InvalidArgumentError, UnsupportedError: (ValueErrors) a limit above is broken, checked
+            before anything is built and before any collective step.
+        NoDeviceError: no CUDA device (or the compiled extension cannot be loaded here).
+        CudaError, NcclError: a CUDA or NCCL failure.
+        PeerTimeoutError: a rank did not join the construction within the budget.
+        UnusableError: an earlier error made the group's communicator unusable.
     """
 
     def __init__(self, *, hidden_size: int, hc_mult: int, max_num_tokens: int, top_k: int,
-                 device: Any, quantize_layer_input: bool = False, residual_only: bool = False,
-                 group: Any = None, two_shot_min_rows: int = 0,
+                 device: Device, quantize_layer_input: bool = False, residual_only: bool = False,
+                 group: Optional[ProcessGroup] = None, two_shot_min_rows: int = 0,
                  two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
                  nccl_min_finalize_rows: int = 0, quantize_layer_input_fp8: bool = False,
-                 fp8_ue8m0_scales: bool = False) -> None:
+                 fp8_ue8m0_scales: bool = False, wait_timeout_ms: Optional[int] = None,
+                 watchdog: bool = True, force_nccl_fallback: bool = False) -> None:
         int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
         hidden_size = _int_arg("hidden_size", hidden_size)
         hc_mult = _int_arg("hc_mult", hc_mult, **int32)
@@ -596,6 +670,7 @@ class AllReduceMHC:
             ("two_shot_min_rows", two_shot_min_rows),
             ("two_shot_min_finalize_rows", two_shot_min_finalize_rows),
             ("nccl_min_rows", nccl_min_rows), ("nccl_min_finalize_rows", nccl_min_finalize_rows))]
+        options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
         _, tp, _ = _group_layout(group)
         lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
@@ -609,7 +684,7 @@ class AllReduceMHC:
         self.quantize_layer_input_fp8 = quantize_layer_input_fp8
         self.fp8_ue8m0_scales = fp8_ue8m0_scales
         self._device = _device_index(device)
-        self._comm = _communicator(group, self._device)
+        self._comm = _communicator(group, self._device, *options)
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
                                     quantize_layer_input, residual_only, *thresholds, **fp8)
         # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
@@ -626,7 +701,8 @@ class AllReduceMHC:
     # The checks and the outputs of a call, in Python where the reference module's interface is
     # wider than the C++ API's (mixes by element count, inputs of any strides); every other check
     # is the C++ one, run before the first launch.
-    def _outputs(self, m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out):
+    def _outputs(self, m: int, residual: Tensor, pre: Optional[Tensor], residual_out: Any,
+                 layer_input: Any, mxfp8_out: Any, fp8_out: Any) -> Tuple[Any, ...]:
         import torch
 
         values, scales = _pair_arg("mxfp8_out", mxfp8_out)
@@ -641,7 +717,7 @@ class AllReduceMHC:
                                       device=residual.device)
         return residual_out, layer_input, values, scales, fp8_values, fp8_scales
 
-    def _rows(self, name, t):
+    def _rows(self, name: str, t: Tensor) -> int:
         """M of a call from its leading [M, H] tensor, in [1, max_num_tokens]: checked as the C++
         check does, but before any output is allocated or input copied (an expanded tensor of
         many rows, stride 0, would otherwise be allocated for and copied first). M's range is not
@@ -651,15 +727,17 @@ class AllReduceMHC:
 
         if t.dim() != 2 or t.shape[1] != self.hidden_size:
             got = "a scalar" if t.dim() == 0 else str(list(t.shape))
-            raise ValueError(f"{name}: expected shape [M, {self.hidden_size}], got {got}")
-        m = t.shape[0]
+            raise InvalidArgumentError(f"{name}: expected shape [M, {self.hidden_size}], got {got}")
+        m: int = t.shape[0]  # an int to the type checker, a SymInt where M is dynamic
         symbolic = not isinstance(m, int)  # a SymInt: fake tensors of a trace with dynamic M
         if not symbolic and not torch.compiler.is_compiling() and not 1 <= m <= self.capacity:
-            raise ValueError(f"{name}: expected M (rows) in [1, {self.capacity}] (max_num_tokens), "
-                             f"got M={m}")
+            raise InvalidArgumentError(
+                f"{name}: expected M (rows) in [1, {self.capacity}] (max_num_tokens), "
+                f"got M={m}")
         return m
 
-    def _epilogue_inputs(self, m, residual, post, comb, pre, norm_weight, norm_eps):
+    def _epilogue_inputs(self, m: int, residual: Any, post: Any, comb: Any, pre: Any,
+                         norm_weight: Any, norm_eps: Any) -> Tuple[Any, ...]:
         residual = _tensor_arg("residual", residual)
         post = _tensor_arg("post", post)
         comb = _tensor_arg("comb", comb)
@@ -672,7 +750,8 @@ class AllReduceMHC:
         _mix_count_error("pre", pre, (m, hc))
         return residual, post, comb, pre, norm_weight, eps
 
-    def _packed_epilogue(self, m, residual, post, comb, pre, norm_weight):
+    def _packed_epilogue(self, m: int, residual: Tensor, post: Tensor, comb: Tensor,
+                         pre: Optional[Tensor], norm_weight: Optional[Tensor]) -> Tuple[Any, ...]:
         """The epilogue's inputs as the C++ API takes them (run where the kernels are launched)."""
         hc, h = self.hc_mult, self.hidden_size
         # Mixes of the right count are [M, hc(, hc)] after _by_count ([M, hc, 1] post too).
@@ -680,7 +759,10 @@ class AllReduceMHC:
                 _packed(_by_count(comb, (m, hc, hc)), (m, hc, hc)),
                 _packed(_by_count(pre, (m, hc)), (m, hc)), _packed(norm_weight, (h,)))
 
-    def _kernel_outputs(self, m, residual_out, layer_input, values, scales, fp8_values, fp8_scales):
+    def _kernel_outputs(self, m: int, residual_out: Tensor, layer_input: Optional[Tensor],
+                        values: Optional[Tensor], scales: Optional[Tensor],
+                        fp8_values: Optional[Tensor], fp8_scales: Optional[Tensor]
+                        ) -> Tuple[Tuple[Any, ...], Optional[Tensor]]:
         """The outputs as the C++ call takes them (run where the kernels are launched): none with
         a lazy conjugate/negative bit (``_written``), the 8-bit ones as bytes (``_bytes_view``),
         and the FP8 scales as ``_fp8_scales_for_kernel`` gives them. Returns (the mxfp8 values,
@@ -693,8 +775,11 @@ class AllReduceMHC:
                      _bytes_view(fp8_values, "fp8 values", "float8_e4m3fn"))
         return quantized, fp8_scales
 
-    def _launch_call(self, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
-                     layer_input, values, scales, fp8_values=None, fp8_scales=None):
+    def _launch_call(self, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                     pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float, protocol: str,
+                     residual_out: Tensor, layer_input: Optional[Tensor], values: Optional[Tensor],
+                     scales: Optional[Tensor], fp8_values: Optional[Tensor] = None,
+                     fp8_scales: Optional[Tensor] = None) -> None:
         m = self._rows("x", x)
         eps = _eps_arg("norm_eps", eps)
         quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
@@ -703,10 +788,14 @@ class AllReduceMHC:
         self._op.call(_packed(x, (m, self.hidden_size)), *ins, eps, residual_out, layer_input,
                       *quantized, fp8_scales, _stream(self._device), protocol)
 
-    def _launch_finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx,
-                         shared_output, residual, post, comb, pre, norm_weight, eps, protocol,
-                         residual_out, layer_input, values, scales, fp8_values=None,
-                         fp8_scales=None):
+    def _launch_finalize(self, gemm2_permuted: Tensor, expert_weights: Tensor,
+                         expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor,
+                         residual: Tensor, post: Tensor, comb: Tensor, pre: Optional[Tensor],
+                         norm_weight: Optional[Tensor], eps: float, protocol: str,
+                         residual_out: Tensor, layer_input: Optional[Tensor],
+                         values: Optional[Tensor], scales: Optional[Tensor],
+                         fp8_values: Optional[Tensor] = None,
+                         fp8_scales: Optional[Tensor] = None) -> None:
         m, k, h = self._rows("shared_output", shared_output), self.top_k, self.hidden_size
         eps = _eps_arg("norm_eps", eps)
         quantized, fp8_scales = self._kernel_outputs(m, residual_out, layer_input, values, scales,
@@ -718,10 +807,11 @@ class AllReduceMHC:
                           _packed(shared_output, (m, h)), *ins, eps, residual_out, layer_input,
                           *quantized, fp8_scales, _stream(self._device), protocol)
 
-    def __call__(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None,
-                 fp8_out: Optional[Tuple[Any, Any]] = None):
+    def __call__(self, x: Tensor, residual: Tensor, post: Tensor, comb: Tensor,
+                 pre: Optional[Tensor], norm_weight: Optional[Tensor], norm_eps: float,
+                 mxfp8_out: OutputPair = None, protocol: str = "auto", *,
+                 residual_out: Optional[Tensor] = None, layer_input: Optional[Tensor] = None,
+                 fp8_out: OutputPair = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Return (post-mixed residual streams, normalized layer input).
 
         Args:
@@ -765,26 +855,33 @@ class AllReduceMHC:
         shapes of x, residual and norm_weight ([H] exactly) are checked; outputs must be
         contiguous and 16-byte aligned (the module's ``.flatten()`` of a non-contiguous output
         writes into a copy). Outputs may not overlap the inputs or each other, except
-        ``residual_out`` being ``residual`` itself (an in-place update): an overlap is a
-        ValueError (the C++ check compares the byte ranges).
+        ``residual_out`` being ``residual`` itself (an in-place update): an overlap is an
+        InvalidArgumentError (the C++ check compares the byte ranges).
 
         Returns: (residual_out [M, hc, H] BF16, layer_input [M, H] BF16 or None): the given
         outputs, else new tensors.
 
         Raises:
-            TypeError: an argument of the wrong Python type (named in the message).
-            ValueError: a shape, dtype, device or layout the op does not take, or a variant not
-                built (the op stays usable; nothing was launched).
-            RuntimeError: a CUDA or NCCL failure, or a peer timeout (the group is then unusable).
+            ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
+            InvalidArgumentError: (a ValueError) a shape, dtype, device or layout the op does not
+                take (the op stays usable; nothing was launched). Every rank should make the
+                same call: a call rejected on some ranks only is a DivergenceError at the others'
+                next call.
+            UnsupportedError: (a ValueError) a variant the op was not built with.
+            PeerTimeoutError, DivergenceError: a peer died or hung, or the ranks' calls differ:
+                the group is then unusable; rebuild the ops and their communicator.
+            UnusableError: an earlier such error made the group unusable; rebuild.
+            CudaError, NcclError: a CUDA or NCCL failure.
         """
         return _counting_rejections(self, self._call, x, residual, post, comb, pre, norm_weight,
                                     norm_eps, mxfp8_out, protocol, residual_out=residual_out,
                                     layer_input=layer_input, fp8_out=fp8_out)
 
     # The body of the public method above (which counts its rejections).
-    def _call(self, x, residual, post, comb, pre, norm_weight, norm_eps: float,
-              mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-              residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
+    def _call(self, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+              norm_eps: Any, mxfp8_out: Any = None, protocol: Any = "auto", *,
+              residual_out: Any = None, layer_input: Any = None,
+              fp8_out: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         x = _tensor_arg("x", x)
         m = self._rows("x", x)
         residual, post, comb, pre, norm_weight, eps = self._epilogue_inputs(
@@ -801,11 +898,12 @@ class AllReduceMHC:
                                protocol, res_out, li, values, scales, fp8_values, fp8_scales)
         return res_out, li
 
-    def finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                 residual, post, comb, pre, norm_weight, norm_eps: float,
-                 mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                 residual_out=None, layer_input=None,
-                 fp8_out: Optional[Tuple[Any, Any]] = None):
+    def finalize(self, gemm2_permuted: Tensor, expert_weights: Tensor,
+                 expanded_idx_to_permuted_idx: Tensor, shared_output: Tensor, residual: Tensor,
+                 post: Tensor, comb: Tensor, pre: Optional[Tensor], norm_weight: Optional[Tensor],
+                 norm_eps: float, mxfp8_out: OutputPair = None, protocol: str = "auto", *,
+                 residual_out: Optional[Tensor] = None, layer_input: Optional[Tensor] = None,
+                 fp8_out: OutputPair = None) -> Tuple[Tensor, Optional[Tensor]]:
         """``__call__`` for a MoE output left unfinalized: this rank's x is
         ``bf16(sum over valid routes of weight * gemm2 row + shared_output)`` (the shared expert
         added last, one rounding).
@@ -829,10 +927,11 @@ class AllReduceMHC:
                                     layer_input=layer_input, fp8_out=fp8_out)
 
     # The body of the public method above (which counts its rejections).
-    def _finalize(self, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                  residual, post, comb, pre, norm_weight, norm_eps: float,
-                  mxfp8_out: Optional[Tuple[Any, Any]] = None, protocol: str = "auto", *,
-                  residual_out=None, layer_input=None, fp8_out: Optional[Tuple[Any, Any]] = None):
+    def _finalize(self, gemm2_permuted: Any, expert_weights: Any, expanded_idx_to_permuted_idx: Any,
+                  shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any,
+                  norm_weight: Any, norm_eps: Any, mxfp8_out: Any = None, protocol: Any = "auto",
+                  *, residual_out: Any = None, layer_input: Any = None,
+                  fp8_out: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         gemm2_permuted = _tensor_arg("gemm2_permuted", gemm2_permuted)
         expert_weights = _tensor_arg("expert_weights", expert_weights)
         idx = _tensor_arg("expanded_idx_to_permuted_idx", expanded_idx_to_permuted_idx)
@@ -860,20 +959,39 @@ class AllReduceMHC:
     def protocol_for(self, m: int, finalize: bool = False) -> str:
         """The protocol ("one-shot", "two-shot", "nccl") a call of ``m`` rows takes.
 
-        Raises: TypeError (``m`` not an int, ``finalize`` not a bool), ValueError (``m`` outside
-        [1, max_num_tokens], which no call takes).
+        Raises: ArgumentTypeError (``m`` not an int, ``finalize`` not a bool),
+        InvalidArgumentError (``m`` outside [1, max_num_tokens], which no call takes).
         """
-        return self._op.protocol_for(_int_arg("m", m, 1, self.capacity), _bool_arg("finalize", finalize))
+        return str(self._op.protocol_for(_int_arg("m", m, 1, self.capacity),
+                                         _bool_arg("finalize", finalize)))
 
     def check_errors(self) -> None:
-        """Raise what a kernel of this TP group recorded: a peer timeout (RuntimeError; the
-        group is then unusable until rebuilt) or an invalid finalize route (RuntimeError)."""
+        """Raise what a kernel of this TP group recorded since the last check: PeerTimeoutError or
+        DivergenceError (the group is then unusable until rebuilt; UnusableError after that) or
+        InvalidRouteError (a finalize route skipped; the group stays usable). Under CUDA graphs,
+        where a replayed call cannot raise, call it after replays (once per decode step)."""
         self._comm.check_errors()
 
     @property
     def mailbox_bytes(self) -> int:
         """Device memory of this instance's mailboxes and buffers on this rank, in bytes."""
-        return self._op.mailbox_bytes
+        return int(self._op.mailbox_bytes)
+
+    @property
+    def wait_timeout_ms(self) -> int:
+        """The communicator's budget of every wait on a peer in effect, in milliseconds (the
+        constructor's ``wait_timeout_ms``, its default, or ``MHCCL_WAIT_TIMEOUT_MS`` where set)."""
+        return int(self._comm.wait_timeout_ms)
+
+    @property
+    def watchdog(self) -> bool:
+        """Whether the communicator's NCCL fallback watchdog thread is on."""
+        return bool(self._comm.watchdog)
+
+    @property
+    def force_nccl_fallback(self) -> bool:
+        """Whether the communicator was built with the NCCL fallback forced."""
+        return bool(self._comm.force_nccl_fallback)
 
 
 class LamportAllGather:
@@ -884,64 +1002,107 @@ class LamportAllGather:
     chooses it). ``accepts`` decides from the byte size alone, so every rank decides alike.
     Every byte arrives as sent, for every dtype (0x80000000 words, FP32 -0.0 and int32
     INT32_MIN among them).
+
+    Args:
+        rank_capacity_bytes: the most bytes of one rank's input, a positive multiple of 16.
+        device, group: as ``AllReduceMHC``'s.
+        wait_timeout_ms, watchdog, force_nccl_fallback: the communicator's options, as
+            ``AllReduceMHC``'s: the budget of every wait on a peer in milliseconds ([1, 86400000];
+            None, the default: 30000; ``MHCCL_WAIT_TIMEOUT_MS``, where set, wins over it), the NCCL
+            fallback's watchdog (default True), the NCCL fallback forced (ncclAllGather; default
+            False). An ``AllReduceMHC`` of the same group, device and options shares the
+            communicator.
+
+    Attributes:
+        world_size: the TP group's size.
+        wait_timeout_ms, watchdog, force_nccl_fallback: the communicator's options in effect.
+
+    Raises: as ``AllReduceMHC``'s constructor.
     """
 
-    def __init__(self, *, rank_capacity_bytes: int, device: Any, group: Any = None) -> None:
+    def __init__(self, *, rank_capacity_bytes: int, device: Device,
+                 group: Optional[ProcessGroup] = None,
+                 wait_timeout_ms: Optional[int] = None, watchdog: bool = True,
+                 force_nccl_fallback: bool = False) -> None:
         rank_capacity_bytes = _int_arg("rank_capacity_bytes", rank_capacity_bytes)
+        options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
         lib.check_all_gather_config(rank_capacity_bytes)  # before the collective construction
         self.rank_capacity_bytes = rank_capacity_bytes
         self._device = _device_index(device)
-        self._comm = _communicator(group, self._device)
+        self._comm = _communicator(group, self._device, *options)
         self.world_size = self._comm.tp
         self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
         _ops.ensure_registered()
         self._handle = _ops.register_instance(self)
 
-    def accepts(self, inp) -> bool:
+    def accepts(self, inp: Tensor) -> bool:
         """Whether ``inp`` fits: 1 to 16 dimensions, 16 to ``rank_capacity_bytes`` bytes, a
         multiple of 16 (what the call checks)."""
         inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
-        return (1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes
-                and nbytes % 16 == 0)
+        return bool(1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes
+                    and nbytes % 16 == 0)
 
-    def _check_size(self, inp) -> None:
+    def _check_size(self, inp: Tensor) -> None:
         """What ``accepts`` decides, as the C++ check says it, but before the output is allocated
         or ``inp`` copied (an expanded ``inp``, stride 0, may stand for far more bytes than it
         holds)."""
         if inp.dim() == 0:
-            raise ValueError("inp: expected at least one dimension, got a scalar")
+            raise InvalidArgumentError("inp: expected at least one dimension, got a scalar")
         if inp.dim() > 16:
-            raise ValueError(f"inp: expected at most 16 dimensions, got {inp.dim()}")
+            raise InvalidArgumentError(f"inp: expected at most 16 dimensions, got {inp.dim()}")
         if not self.accepts(inp):
-            raise ValueError(f"inp: expected a multiple of 16 bytes, from 16 to "
-                             f"{self.rank_capacity_bytes} (rank_capacity_bytes), got "
-                             f"{inp.numel() * inp.element_size()} bytes: {list(inp.shape)} {inp.dtype}")
+            raise InvalidArgumentError(
+                f"inp: expected a multiple of 16 bytes, from 16 to "
+                f"{self.rank_capacity_bytes} (rank_capacity_bytes), got "
+                f"{inp.numel() * inp.element_size()} bytes: {list(inp.shape)} {inp.dtype}")
 
-    def _launch(self, inp, out):
+    def _launch(self, inp: Tensor, out: Tensor) -> None:
         """The C++ call; the torch ops check ``inp``'s size first (``_check_size``)."""
         _written(out=out)
         self._op.call(_packed(inp), out, _stream(self._device))
 
-    def __call__(self, inp):
+    def __call__(self, inp: Tensor) -> Tensor:
         """Every rank's ``inp`` concatenated along dim 0 in rank order, on the current stream
         (a non-contiguous or misaligned ``inp`` is copied first).
 
         Returns: a new tensor [world_size * inp.shape[0], *inp.shape[1:]] of inp's dtype.
-        Raises: TypeError (not a tensor), ValueError (a size ``accepts`` refuses, a scalar, a
-        CPU tensor or another device), RuntimeError (CUDA failure, peer timeout).
+        Raises: ArgumentTypeError (not a tensor), InvalidArgumentError (a size ``accepts``
+        refuses, a scalar, a CPU tensor or another device), PeerTimeoutError / DivergenceError /
+        UnusableError (as ``AllReduceMHC.__call__``), CudaError, NcclError.
         """
         return _counting_rejections(self, self._gather, inp)
 
+    def check_errors(self) -> None:
+        """As ``AllReduceMHC.check_errors``: raise what a kernel of this TP group recorded."""
+        self._comm.check_errors()
+
     # The body of the public method above (which counts its rejections).
-    def _gather(self, inp):
+    def _gather(self, inp: Any) -> Tensor:
         inp = _tensor_arg("inp", inp)
         if inp.dim() == 0:
-            raise ValueError("inp: expected at least one dimension, got a scalar")
-        return _torch_ops().all_gather(self._handle, inp)  # which checks the size (real and fake)
+            raise InvalidArgumentError("inp: expected at least one dimension, got a scalar")
+        out: Tensor = _torch_ops().all_gather(self._handle, inp)  # checks the size (real and fake)
+        return out
 
     @property
     def mailbox_bytes(self) -> int:
         """Device memory of this instance's Lamport mailbox on this rank, in bytes."""
-        return self._op.mailbox_bytes
+        return int(self._op.mailbox_bytes)
+
+    @property
+    def wait_timeout_ms(self) -> int:
+        """The communicator's budget of every wait on a peer in effect, in milliseconds (the
+        constructor's ``wait_timeout_ms``, its default, or ``MHCCL_WAIT_TIMEOUT_MS`` where set)."""
+        return int(self._comm.wait_timeout_ms)
+
+    @property
+    def watchdog(self) -> bool:
+        """Whether the communicator's NCCL fallback watchdog thread is on."""
+        return bool(self._comm.watchdog)
+
+    @property
+    def force_nccl_fallback(self) -> bool:
+        """Whether the communicator was built with the NCCL fallback forced."""
+        return bool(self._comm.force_nccl_fallback)

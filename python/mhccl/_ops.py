@@ -4,7 +4,7 @@
 An op instance (an ``AllReduceMHC`` or ``LamportAllGather``) reaches a torch op as an int
 *handle*: a key into a registry of the live instances of this process. Dynamo carries an int as
 a constant (guarded), where it could not carry the nanobind object. A handle dies with its
-instance; calling an op with a dead handle raises RuntimeError.
+instance; calling an op with a dead handle raises ``mhccl.InvalidArgumentError``.
 
 The ops, each a functional form (new outputs) and a mutating out-variant (``mutates_args``;
 outputs the caller owns, which may include ``residual_out`` being ``residual``):
@@ -31,19 +31,29 @@ both forms in the same way (two optional mutable arguments without default, see 
 and a trailing bool flag).
 
 The implementations are registered for every device type, not only CUDA, so that a CPU tensor
-reaches the C++ checks and raises their ValueError ("expected a CUDA tensor on device cuda:N")
-rather than the dispatcher's "no kernel for CPU". The fake implementations refuse tensors on
+reaches the C++ checks and raises their InvalidArgumentError (a ValueError: "expected a CUDA
+tensor on device cuda:N") rather than the dispatcher's "no kernel for CPU". The fake implementations refuse tensors on
 different devices: a meta tensor among real ones sends a call to them (the Meta key outranks
-the others), which would otherwise launch nothing and raise nothing. Registration is lazy
-(``ensure_registered``, run when the first instance is built), so that ``import mhccl`` imports
-no torch.
+the others), which would otherwise launch nothing and raise nothing. An exception an
+implementation raises in eager mode reaches the caller as it was raised (its class, message and
+attributes: the dispatcher passes Python exceptions through).
+
+The ops are registered at ``import mhccl`` where PyTorch can be imported (``register_at_import``),
+so that code compiled or traced before any instance exists can name ``torch.ops.mhccl.*``; without
+PyTorch ``import mhccl`` still works, and building an op says why it cannot (``ensure_registered``,
+run again by every construction, registers them once).
 """
 
 import itertools
 import threading
 import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-_INSTANCES = {}  # handle -> weakref to a live AllReduceMHC / LamportAllGather
+from ._errors import InvalidArgumentError
+
+_T = TypeVar("_T")
+
+_INSTANCES: Dict[int, "weakref.ref[Any]"] = {}  # handle -> a live AllReduceMHC / LamportAllGather
 _HANDLES = itertools.count(1)
 _LOCK = threading.Lock()
 _REGISTERED = False
@@ -55,7 +65,7 @@ _MXFP8_BLOCK = 32
 _FP8_GROUP = 128
 
 
-def register_instance(obj) -> int:
+def register_instance(obj: Any) -> int:
     """A new handle for ``obj``, valid while ``obj`` lives."""
     with _LOCK:
         handle = next(_HANDLES)
@@ -64,23 +74,25 @@ def register_instance(obj) -> int:
     return handle
 
 
-def instance(handle: int):
-    """The live instance of ``handle``; RuntimeError when it is gone (or ``handle`` is no int)."""
+def instance(handle: int) -> Any:
+    """The live instance of ``handle``; InvalidArgumentError when it is gone (or ``handle`` is no
+    int)."""
     ref = None if isinstance(handle, bool) else _INSTANCES.get(handle)
     obj = ref() if ref is not None else None
     if obj is None:
-        raise RuntimeError(f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
-                           "LamportAllGather was destroyed, or the handle comes from another "
-                           "process)")
+        raise InvalidArgumentError(
+            f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
+            "LamportAllGather was destroyed, or the handle comes from another "
+            "process)")
     return obj
 
 
-def _scale_bytes(m, hidden):
+def _scale_bytes(m: int, hidden: int) -> int:
     # mxfp8_scale_bytes for fake tensors, where m may be symbolic.
     return 512 * ((m + 127) // 128) * ((hidden // _MXFP8_BLOCK + 3) // 4)
 
 
-def _fp8_scale_rows(m):
+def _fp8_scale_rows(m: int) -> int:
     # fp8_group_scale_rows's arithmetic, for fake tensors too, where m may be symbolic.
     return (m + 3) // 4 * 4
 
@@ -95,9 +107,25 @@ def ensure_registered() -> None:
         _REGISTERED = True
 
 
-def _define() -> None:
-    from typing import List, Optional
+def register_at_import() -> None:
+    """The torch ops, at ``import mhccl``, where PyTorch imports. Where it does not (not installed,
+    or broken: a missing CUDA library), nothing: ``import mhccl`` works without PyTorch, and
+    building an op raises PyTorch's own error (``ensure_registered`` imports it again)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # ImportError, or OSError / RuntimeError from a broken installation
+        return
+    try:
+        ensure_registered()
+    except Exception as e:  # a PyTorch too old for torch.library.custom_op, say
+        import warnings
 
+        warnings.warn(f"mhccl: the torch ops could not be registered at import ({type(e).__name__}: "
+                      f"{e}); building an AllReduceMHC or LamportAllGather will raise it",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _define() -> None:
     import torch
     from torch import Tensor
 
@@ -118,14 +146,16 @@ def _define() -> None:
                    f"Tensor expanded_idx_to_permuted_idx, Tensor shared_output, {epilogue}")
     functional = 'str protocol="auto", bool with_mxfp8=False, bool with_fp8=False) -> Tensor[]'
 
-    def new_outputs(op, m, device, has_pre, with_mxfp8, with_fp8, empty):
+    def new_outputs(op: Any, m: Any, device: Any, has_pre: bool, with_mxfp8: bool,
+                    with_fp8: bool, empty: Callable[..., Tensor]) -> List[Tensor]:
         """The functional forms' outputs, real (torch.empty) and fake alike. The fp8 scales: the
         MN-major [M, G] view (strides (1, Mp)) of a buffer of Mp * G floats, whose padding rows
         the kernels write."""
         h, hc = op.hidden_size, op.hc_mult
         if with_mxfp8 and with_fp8:
-            raise ValueError("with_mxfp8 and with_fp8: expected at most one quantized layer input "
-                             "(MXFP8 or per-token-group FP8), got both")
+            raise InvalidArgumentError(
+                "with_mxfp8 and with_fp8: expected at most one quantized layer input "
+                "(MXFP8 or per-token-group FP8), got both")
         outs = [empty((m, hc, h), dtype=bf16, device=device)]
         if has_pre:
             outs.append(empty((m, h), dtype=bf16, device=device))
@@ -139,7 +169,7 @@ def _define() -> None:
                         .as_strided((m, groups), (1, mp)))
         return outs
 
-    def same_device(**tensors):
+    def same_device(**tensors: Optional[Tensor]) -> None:
         """For the fake implementations: every tensor argument on one device. They also run for
         meta tensors among real ones (the dispatcher's Meta key outranks CUDA's), where a call
         would otherwise launch nothing and raise nothing (say with a weight never materialized)."""
@@ -147,10 +177,11 @@ def _define() -> None:
         first, device = named[0][0], named[0][1].device
         for name, t in named[1:]:
             if t.device != device:
-                raise ValueError(f"{name}: expected a tensor on {device} ({first}'s device), "
-                                 f"got {t.device}")
+                raise InvalidArgumentError(
+                    f"{name}: expected a tensor on {device} ({first}'s device), "
+                    f"got {t.device}")
 
-    def checked_rows(op, name, lead, eps):
+    def checked_rows(op: Any, name: str, lead: Tensor, eps: float) -> Any:
         """For the fake implementations: what the real ones check before any launch and that a
         fake tensor shows (the leading [M, H] tensor's shape and M's range, eps), so that a trace
         of a bad call fails as the call would; the C++ checks of the rest run with real tensors."""
@@ -159,14 +190,15 @@ def _define() -> None:
         _api._eps_arg("norm_eps", eps)
         return op._rows(name, lead)
 
-    def counted(op, fn, *args):
+    def counted(op: Any, fn: Callable[..., _T], *args: Any) -> _T:
         """The real implementations' work, rejections counted on the instance's communicator
         (_api._counting_rejections: a call rejected on some ranks only is an error on every rank)."""
         from ._api import _counting_rejections
 
         return _counting_rejections(op, fn, *args)
 
-    def split(outs, has_pre, with_mxfp8, with_fp8):
+    def split(outs: List[Tensor], has_pre: bool, with_mxfp8: bool,
+              with_fp8: bool) -> Tuple[Optional[Tensor], ...]:
         residual_out = outs[0]
         layer_input = outs[1] if has_pre else None
         first = 2 if has_pre else 1
@@ -188,8 +220,9 @@ def _define() -> None:
                 residual_out, layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales)
 
     @all_reduce_mhc_out.register_fake
-    def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol, residual_out,
-          layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
+    def _(handle: Any, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+          eps: Any, protocol: Any, residual_out: Any, layer_input: Any, mxfp8_values: Any,
+          mxfp8_scales: Any, fp8_values: Any, fp8_scales: Any) -> Any:
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
@@ -204,7 +237,7 @@ def _define() -> None:
                        with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
 
-        def run():
+        def run() -> List[Tensor]:
             outs = new_outputs(op, op._rows("x", x), x.device, pre is not None, with_mxfp8,
                                with_fp8, torch.empty)
             op._launch_call(x, residual, post, comb, pre, norm_weight, eps, protocol,
@@ -213,8 +246,8 @@ def _define() -> None:
         return counted(op, run)
 
     @all_reduce_mhc.register_fake
-    def _(handle, x, residual, post, comb, pre, norm_weight, eps, protocol="auto",
-          with_mxfp8=False, with_fp8=False):
+    def _(handle: Any, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+          eps: Any, protocol: Any = "auto", with_mxfp8: Any = False, with_fp8: Any = False) -> Any:
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
         op = instance(handle)
         return new_outputs(op, checked_rows(op, "x", x, eps), x.device, pre is not None,
@@ -240,9 +273,10 @@ def _define() -> None:
                 fp8_values, fp8_scales)
 
     @all_reduce_mhc_finalize_out.register_fake
-    def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-          residual, post, comb, pre, norm_weight, eps, protocol, residual_out, layer_input,
-          mxfp8_values, mxfp8_scales, fp8_values, fp8_scales):
+    def _(handle: Any, gemm2_permuted: Any, expert_weights: Any, expanded_idx_to_permuted_idx: Any,
+          shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+          eps: Any, protocol: Any, residual_out: Any, layer_input: Any, mxfp8_values: Any,
+          mxfp8_scales: Any, fp8_values: Any, fp8_scales: Any) -> Any:
         same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
@@ -262,7 +296,7 @@ def _define() -> None:
                                 with_fp8: bool = False) -> List[Tensor]:
         op = instance(handle)
 
-        def run():
+        def run() -> List[Tensor]:
             m = op._rows("shared_output", shared_output)
             outs = new_outputs(op, m, shared_output.device, pre is not None, with_mxfp8, with_fp8,
                                torch.empty)
@@ -273,9 +307,9 @@ def _define() -> None:
         return counted(op, run)
 
     @all_reduce_mhc_finalize.register_fake
-    def _(handle, gemm2_permuted, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-          residual, post, comb, pre, norm_weight, eps, protocol="auto", with_mxfp8=False,
-          with_fp8=False):
+    def _(handle: Any, gemm2_permuted: Any, expert_weights: Any, expanded_idx_to_permuted_idx: Any,
+          shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
+          eps: Any, protocol: Any = "auto", with_mxfp8: Any = False, with_fp8: Any = False) -> Any:
         same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
@@ -285,7 +319,7 @@ def _define() -> None:
                            shared_output.device, pre is not None, with_mxfp8, with_fp8, torch.empty)
 
     # --- LamportAllGather --------------------------------------------------------------------
-    def gathered(op, inp, empty):
+    def gathered(op: Any, inp: Tensor, empty: Callable[..., Tensor]) -> Tensor:
         return empty((inp.shape[0] * op.world_size, *inp.shape[1:]), dtype=inp.dtype,
                      device=inp.device)
 
@@ -294,21 +328,21 @@ def _define() -> None:
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
         op = instance(handle)
 
-        def run():
+        def run() -> None:
             op._check_size(inp)
             op._launch(inp, out)
         counted(op, run)
 
-    def checked_gather(op, inp):
+    def checked_gather(op: Any, inp: Tensor) -> None:
         """For the fake implementations: the input's dimensions always, its size where no
         dimension is symbolic and no trace runs, as the real implementation checks them."""
         if not torch.compiler.is_compiling() and all(isinstance(d, int) for d in inp.shape):
             op._check_size(inp)
         elif not 1 <= inp.dim() <= 16:
-            raise ValueError(f"inp: expected 1 to 16 dimensions, got {inp.dim()}")
+            raise InvalidArgumentError(f"inp: expected 1 to 16 dimensions, got {inp.dim()}")
 
     @all_gather_out.register_fake
-    def _(handle, inp, out):
+    def _(handle: Any, inp: Any, out: Any) -> Any:
         same_device(inp=inp, out=out)
         checked_gather(instance(handle), inp)
         return None
@@ -318,7 +352,7 @@ def _define() -> None:
     def all_gather(handle: int, inp: Tensor) -> Tensor:
         op = instance(handle)
 
-        def run():
+        def run() -> Tensor:
             op._check_size(inp)
             out = gathered(op, inp, torch.empty)
             op._launch(inp, out)
@@ -326,7 +360,7 @@ def _define() -> None:
         return counted(op, run)
 
     @all_gather.register_fake
-    def _(handle, inp):
+    def _(handle: Any, inp: Any) -> Any:
         op = instance(handle)
         checked_gather(op, inp)
         return gathered(op, inp, torch.empty)

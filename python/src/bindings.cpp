@@ -1,7 +1,8 @@
 // mhccl._mhccl: the nanobind binding of the C++ API. Thin: tensors arrive as nb::ndarray (the
 // DLPack protocol, no copy) and become DLTensor views; streams arrive as integers; mhccl::Error
-// becomes ValueError (argument errors) or RuntimeError (everything else) with its message. The
-// user-facing classes (output allocation, torch streams, torch.distributed bootstrap) are in
+// becomes the mhccl.Error subclass of its code (python/mhccl/_errors.py: InvalidArgumentError,
+// PeerTimeoutError, ...) with its message, code, peer, call index and op. The user-facing
+// classes (output allocation, torch streams, torch.distributed bootstrap) are in
 // python/mhccl/_api.py.
 #include <cstring>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "mhccl/all_gather.h"
 #include "mhccl/all_reduce_mhc.h"
@@ -26,8 +28,12 @@ namespace nb = nanobind;
 
 namespace {
 
-using Array = nb::ndarray<>;
-using MaybeArray = std::optional<nb::ndarray<>>;
+// Any DLPack array (torch tensors, NumPy arrays in the CPU tests). The array-API framework tag
+// only names the type: the stub says Any rather than numpy.typing.NDArray, so that the stub
+// imports no NumPy (not a dependency); arrays are never returned, so the tag changes nothing
+// else.
+using Array = nb::ndarray<nb::array_api>;
+using MaybeArray = std::optional<Array>;
 
 // A DLTensor view of an array, with its own shape and stride storage.
 class View {
@@ -79,6 +85,32 @@ mhccl::Protocol parse_protocol(const std::string& p) {
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// Every ErrorCode, by enumerator: the enumerators are numbered from 0 without gaps (error.h), and
+// error_code_id() names each ("unknown" past the last), so a code added in C++ appears here
+// (and the Python tests ask for its class) without a list to keep in step.
+std::vector<mhccl::ErrorCode> error_codes() {
+  std::vector<mhccl::ErrorCode> codes;
+  for (int i = 0;; ++i) {
+    const auto code = static_cast<mhccl::ErrorCode>(i);
+    if (std::strcmp(mhccl::error_code_id(code), "unknown") == 0) return codes;
+    codes.push_back(code);
+  }
+}
+
+// mhccl::Error as the Python exception of its code (mhccl._errors.from_cpp). Should that module
+// not import (a broken installation), the builtin classes the codes once mapped to, with the
+// message, so that the error itself is never lost.
+void set_python_error(const mhccl::Error& e) {
+  try {
+    nb::object exc = nb::module_::import_("mhccl._errors")
+                         .attr("from_cpp")(mhccl::error_code_id(e.code()), e.what(), e.peer(),
+                                           e.call_index(), e.op());
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (nb::python_error&) {  // discarded: the original error is the one to report
+    PyErr_SetString(e.is_argument_error() ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+  }
+}
+
 mhccl::AllReduceMHCConfig make_config(int64_t hidden_size, int hc_mult, int64_t max_num_tokens,
                                       int top_k, bool quantize, bool residual_only,
                                       int64_t two_shot_min_rows, int64_t two_shot_min_finalize_rows,
@@ -127,13 +159,33 @@ mhccl::MHCEpilogueArgs epilogue(Views& v, const Array& residual, const Array& po
 NB_MODULE(_mhccl, m) {
   m.doc() = "mhccl's C++ API (internal; use the mhccl package)";
 
+  // The module mhccl._errors is imported when an error is translated (not here: importing the
+  // extension alone, as nanobind's stubgen does, then imports nothing more).
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
     } catch (const mhccl::Error& e) {
-      PyErr_SetString(e.is_argument_error() ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+      set_python_error(e);
     }
   });
+
+  m.def("_error_codes", [] {
+    std::vector<std::string> ids;
+    for (const auto code : error_codes()) ids.emplace_back(mhccl::error_code_id(code));
+    return ids;
+  }, "Every mhccl::ErrorCode enumerator's name, in the enum's order (for the tests).");
+  // A C++ mhccl::Error of the code named, thrown through the translator above (for the tests).
+  m.def("_raise_for_test", [](const std::string& code_id, const std::string& message, int peer,
+                              int64_t call_index, const std::string& op) {
+    for (const auto code : error_codes()) {
+      if (code_id == mhccl::error_code_id(code)) {
+        throw mhccl::Error(code, message, mhccl::ErrorContext{peer, call_index, op});
+      }
+    }
+    throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
+                       "code_id: expected an ErrorCode enumerator's name, got '" + code_id + "'");
+  }, nb::arg("code_id"), nb::arg("message"), nb::arg("peer") = -1, nb::arg("call_index") = -1,
+     nb::arg("op") = "");
 
   m.def("environment_report", &mhccl::environment_report,
         "The C++ library's environment report (mhccl/info.h): versions, GPUs, P2P matrix, variables.");
@@ -149,8 +201,11 @@ NB_MODULE(_mhccl, m) {
   }, "A fresh NCCL unique id (128 bytes), made by rank 0 and handed to every rank.");
 
   nb::class_<mhccl::Communicator>(m, "Communicator", nb::is_weak_referenceable())
+      // CommunicatorOptions as keyword arguments; wait_timeout_ms None: the default (30 s, or
+      // MHCCL_WAIT_TIMEOUT_MS, which the C++ constructor applies over any value and checks).
       .def("__init__", [](mhccl::Communicator* self, nb::bytes id, int rank, int tp, int device,
-                          uint64_t wait_timeout_ms, bool force_nccl_fallback) {
+                          std::optional<uint64_t> wait_timeout_ms, bool watchdog,
+                          bool force_nccl_fallback) {
              ncclUniqueId uid;
              if (id.size() != sizeof uid.internal) {
                throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
@@ -159,14 +214,21 @@ NB_MODULE(_mhccl, m) {
              }
              std::memcpy(uid.internal, id.c_str(), sizeof uid.internal);
              mhccl::CommunicatorOptions o;
-             if (wait_timeout_ms > 0) o.wait_timeout_ms = wait_timeout_ms;
+             if (wait_timeout_ms) o.wait_timeout_ms = *wait_timeout_ms;
+             o.watchdog = watchdog;
              o.force_nccl_fallback = force_nccl_fallback;
              nb::gil_scoped_release release;  // collective: the other ranks' threads run meanwhile
              new (self) mhccl::Communicator(uid, rank, tp, device, o);
            },
            nb::arg("id"), nb::arg("rank"), nb::arg("tp"), nb::arg("device"),
-           nb::arg("wait_timeout_ms") = 0, nb::arg("force_nccl_fallback") = false)
+           nb::kw_only(), nb::arg("wait_timeout_ms").none() = nb::none(), nb::arg("watchdog") = true,
+           nb::arg("force_nccl_fallback") = false)
       .def_prop_ro("rank", &mhccl::Communicator::rank)
+      // The options in effect (wait_timeout_ms: MHCCL_WAIT_TIMEOUT_MS applied).
+      .def_prop_ro("wait_timeout_ms", [](const mhccl::Communicator& c) { return c.options().wait_timeout_ms; })
+      .def_prop_ro("watchdog", [](const mhccl::Communicator& c) { return c.options().watchdog; })
+      .def_prop_ro("force_nccl_fallback",
+                   [](const mhccl::Communicator& c) { return c.options().force_nccl_fallback; })
       .def_prop_ro("tp", &mhccl::Communicator::tp)
       .def_prop_ro("device", &mhccl::Communicator::device)
       .def_prop_ro("peers_reachable", &mhccl::Communicator::peers_reachable)

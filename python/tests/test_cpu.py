@@ -15,15 +15,25 @@ from mhccl import _api
 def test_import_needs_no_gpu_and_no_torch():
     import subprocess
 
-    # mhccl._ops too: the torch ops are registered when the first instance is built, not at import.
-    probe = ("import sys, mhccl, mhccl._ops; "
-             "print('torch' in sys.modules, 'mhccl._mhccl' in sys.modules)")
+    # Without PyTorch (an import of it fails): the package imports, the extension is not loaded,
+    # no torch op is registered.
+    probe = ("import sys; sys.modules['torch'] = None; import mhccl, mhccl._ops; "
+             "print('mhccl._mhccl' in sys.modules, mhccl._ops._REGISTERED)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]  # neither torch nor the extension is loaded
+    assert out.stdout.split() == ["False", "False"], out.stderr
+    # With whatever this machine has: still no extension loaded at import.
+    probe = "import sys, mhccl; print('mhccl._mhccl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], out.stderr
     assert mhccl.__version__
     assert set(mhccl.__all__) == {"AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes",
                                   "fp8_group_scale_bytes", "fp8_group_scale_rows",
-                                  "fp8_group_scales_view", "empty_fp8_group_scales"}
+                                  "fp8_group_scales_view", "empty_fp8_group_scales",
+                                  "Error", "InvalidArgumentError", "UnsupportedError",
+                                  "ArgumentTypeError", "NoDeviceError", "CudaError", "NcclError",
+                                  "PeerError", "PeerTimeoutError", "DivergenceError",
+                                  "UnusableError", "InvalidRouteError"}
+    assert all(hasattr(mhccl, name) for name in mhccl.__all__)
 
 
 @pytest.mark.parametrize("m,h,want", [(1, 5120, 512 * 1 * 40), (300, 5120, 512 * 3 * 40),
@@ -199,7 +209,7 @@ def test_all_gather_argument_errors():
     assert not lib.all_gather_accepts(4096, np.zeros((3, 3), np.uint16))  # 18 bytes
 
 
-def test_ops_without_a_gpu_raise_runtime_error():
+def test_ops_without_a_gpu_raise_no_device_error():
     try:
         import torch  # noqa: F401
         has_cuda = torch.cuda.is_available()
@@ -207,8 +217,11 @@ def test_ops_without_a_gpu_raise_runtime_error():
         has_cuda = False
     if has_cuda:
         pytest.skip("a CUDA device is present: the GPU tests cover construction")
-    with pytest.raises(RuntimeError, match="no CUDA device"):
+    with pytest.raises(mhccl.NoDeviceError, match="no CUDA device") as info:
         mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    assert isinstance(info.value, RuntimeError) and info.value.code == "kNoDevice"
+    with pytest.raises(mhccl.NoDeviceError, match="no CUDA device"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096, device=0, wait_timeout_ms=1000)
 
 
 def test_communicator_is_weak_referenceable():
@@ -256,9 +269,10 @@ def test_an_extension_built_for_another_python_is_named(tmp_path):
             shutil.copy(os.path.join(src, f), pkg / f)
     (pkg / "_mhccl.cpython-27-x86_64-linux-gnu.so").write_bytes(b"")  # no Python 2.7 here
     code = ("import mhccl, mhccl._api as a\n"
-            "try:\n    a._lib()\nexcept RuntimeError as e:\n    print(e)\n")
+            "try:\n    a._lib()\nexcept mhccl.NoDeviceError as e:\n    print(e.code, e)\n")
     out = subprocess.run([_sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=True).stdout
+    assert out.startswith("kNoDevice "), out
     assert "_mhccl.cpython-27-x86_64-linux-gnu.so, built for another Python than this one" in out, out
 
 

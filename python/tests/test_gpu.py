@@ -1,11 +1,18 @@
 """The Python package on GPUs, against a float64 PyTorch reference written here from SPEC.md:
 every op and variant, TP=1 in this process and TP=2 in two spawned processes; PyTorch CUDA-graph
-capture; a non-default stream; identical results on every rank. Skipped without PyTorch or GPUs."""
+capture; a non-default stream; identical results on every rank. Then the errors of real calls
+(their classes and codes, the op usable after an argument error, a bad finalize route reported
+by check_errors) and the communicator options of the constructors (wait_timeout_ms, watchdog,
+force_nccl_fallback: in effect, and MHCCL_WAIT_TIMEOUT_MS over them). Skipped without PyTorch or
+GPUs."""
 
 import hashlib
 import math
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 import pytest
 
@@ -237,3 +244,147 @@ def test_tp2_every_variant_graph_stream_all_gather():
         result = os.path.join(d, "result")
         mp.spawn(_tp2_worker, args=(os.path.join(d, "init"), result), nprocs=2, join=True)
         assert open(result).read() == "ok"
+
+
+# --- Errors of real calls, and the communicator options (TP=1) ---------------------------------
+
+DEV0 = torch.device("cuda", 0)
+
+
+def _budget(given):
+    """The wait budget in effect for a constructor's wait_timeout_ms: MHCCL_WAIT_TIMEOUT_MS where
+    set (it takes precedence), else the value given, else 30 s."""
+    env = os.environ.get("MHCCL_WAIT_TIMEOUT_MS")
+    return int(env) if env else (30000 if given is None else given)
+
+
+def test_a_cpp_argument_error_is_invalid_argument_with_its_code_and_the_op_stays_usable():
+    op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=16, top_k=TOP_K, device=DEV0)
+    inp, ranks = make_inputs(3001, 4, 1, False, DEV0)
+    x = ranks[0]["x"]
+    # A float32 residual: the Python layer passes it on, the C++ check refuses it.
+    with pytest.raises(mhccl.InvalidArgumentError, match=r"^residual: expected dtype") as info:
+        op(x, inp["residual"].float(), inp["post"], inp["comb"], inp["pre"], inp["norm_weight"], 1e-6)
+    e = info.value
+    assert e.code == "kInvalidArgument" and e.peer is None
+    assert isinstance(e, ValueError) and isinstance(e, mhccl.Error) and isinstance(e, RuntimeError)
+    # The same through the torch op, called directly.
+    with pytest.raises(mhccl.InvalidArgumentError, match=r"^residual: expected dtype") as info:
+        torch.ops.mhccl.all_reduce_mhc(op._handle, x, inp["residual"].float(), inp["post"],
+                                       inp["comb"], inp["pre"], inp["norm_weight"], 1e-6)
+    assert info.value.code == "kInvalidArgument"
+    # The Python layer's own checks: M outside [1, max_num_tokens], a wrong Python type.
+    big, big_ranks = make_inputs(3002, 17, 1, False, DEV0)
+    with pytest.raises(mhccl.InvalidArgumentError, match=r"^x: expected M .* got M=17$") as info:
+        run(op, big, big_ranks[0], False, "plain", 17)
+    assert info.value.code == "kInvalidArgument"
+    with pytest.raises(mhccl.ArgumentTypeError, match="^x: expected a torch.Tensor") as info:
+        op(x.tolist(), inp["residual"], inp["post"], inp["comb"], inp["pre"], inp["norm_weight"], 1e-6)
+    assert info.value.code == "kInvalidArgument" and isinstance(info.value, TypeError)
+    # Nothing was launched for any of them: the op still works and the group is healthy.
+    (res_out, li), _ = run(op, inp, ranks[0], False, "plain", 4)
+    torch.cuda.synchronize()
+    check(inp, ranks, res_out, li, 1e-6)
+    op.check_errors()
+
+
+def test_a_variant_the_op_was_not_built_with_is_unsupported():
+    op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=16, top_k=TOP_K, device=DEV0)
+    inp, ranks = make_inputs(3003, 4, 1, False, DEV0)
+    with pytest.raises(mhccl.UnsupportedError, match=r"^mxfp8_out: needs an instance built with "
+                                                     r"quantize_layer_input=true") as info:
+        run(op, inp, ranks[0], False, "mxfp8", 4)
+    assert info.value.code == "kUnsupported" and isinstance(info.value, ValueError)
+    with pytest.raises(mhccl.UnsupportedError, match=r"^pre and norm_weight absent") as info:
+        run(op, inp, ranks[0], False, "residual", 4)
+    assert info.value.code == "kUnsupported"
+    (res_out, li), _ = run(op, inp, ranks[0], False, "plain", 4)
+    torch.cuda.synchronize()
+    check(inp, ranks, res_out, li, 1e-6)
+
+
+@pytest.mark.parametrize("m", [5, 40])
+def test_a_bad_finalize_route_is_an_invalid_route_error_from_check_errors(m):
+    op = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=64, top_k=TOP_K, device=DEV0)
+    inp, ranks = make_inputs(3010 + m, m, 1, True, DEV0)
+    ranks[0]["routes"][1, 1] = 1 << 20  # far outside gemm2_permuted's rows: skipped, reported
+    run(op, inp, ranks[0], True, "plain", m)  # the call itself raises nothing
+    torch.cuda.synchronize()
+    with pytest.raises(mhccl.InvalidRouteError, match="1048576") as info:
+        op.check_errors()
+    e = info.value
+    assert e.code == "kInvalidRoute" and not isinstance(e, mhccl.PeerError)
+    op.check_errors()  # reported once; the communicator stays usable
+    inp, ranks = make_inputs(3020 + m, m, 1, True, DEV0)
+    (res_out, li), _ = run(op, inp, ranks[0], True, "plain", m)
+    torch.cuda.synchronize()
+    check(inp, ranks, res_out, li, 1e-6)
+    op.check_errors()
+
+
+@pytest.mark.parametrize("given", [None, 4321])
+def test_wait_timeout_and_watchdog_on_the_constructors(given):
+    ar = mhccl.AllReduceMHC(hidden_size=H, hc_mult=HC, max_num_tokens=16, top_k=TOP_K, device=DEV0,
+                            wait_timeout_ms=given, watchdog=False)
+    ag = mhccl.LamportAllGather(rank_capacity_bytes=1 << 16, device=DEV0, wait_timeout_ms=given,
+                                watchdog=False)
+    for op in (ar, ag):
+        assert op.wait_timeout_ms == _budget(given)
+        assert op.watchdog is False and op.force_nccl_fallback is False
+    assert ar._comm is ag._comm  # one communicator per (group, device, options)
+    default = mhccl.LamportAllGather(rank_capacity_bytes=1 << 16, device=DEV0)
+    assert default.watchdog is True and default.wait_timeout_ms == _budget(None)
+    assert default._comm is not ag._comm
+    # Both ops work on that communicator.
+    inp, ranks = make_inputs(3030, 6, 1, False, DEV0)
+    (res_out, li), _ = run(ar, inp, ranks[0], False, "plain", 6)
+    part = torch.randn(256, device=DEV0)
+    out = ag(part)
+    torch.cuda.synchronize()
+    check(inp, ranks, res_out, li, 1e-6)
+    assert torch.equal(out, part)
+    ar.check_errors()
+    ag.check_errors()
+
+
+def test_force_nccl_fallback_at_tp1_gives_the_direct_path_bits():
+    kw = dict(hidden_size=H, hc_mult=HC, max_num_tokens=16, top_k=TOP_K, device=DEV0)
+    direct = mhccl.AllReduceMHC(**kw)
+    forced = mhccl.AllReduceMHC(**kw, force_nccl_fallback=True)
+    assert forced.force_nccl_fallback is True and direct.force_nccl_fallback is False
+    ag = mhccl.LamportAllGather(rank_capacity_bytes=1 << 16, device=DEV0, force_nccl_fallback=True)
+    assert ag.force_nccl_fallback is True
+    for finalize in (False, True):
+        inp, ranks = make_inputs(3040 + finalize, 8, 1, finalize, DEV0)
+        (a, a_li), _ = run(direct, inp, ranks[0], finalize, "plain", 8)
+        (b, b_li), _ = run(forced, inp, ranks[0], finalize, "plain", 8)
+        torch.cuda.synchronize()
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        assert torch.equal(a_li.view(torch.int16), b_li.view(torch.int16))
+    part = torch.randn(64, device=DEV0)
+    assert torch.equal(ag(part), part)
+
+
+def test_the_wait_budget_in_effect_is_reported_and_the_environment_takes_precedence():
+    """In a fresh process: MHCCL_DEBUG=INFO prints the communicator's budget and watchdog as
+    built from the constructor's options, and MHCCL_WAIT_TIMEOUT_MS overrides wait_timeout_ms."""
+    code = textwrap.dedent("""
+        import mhccl
+        a = mhccl.LamportAllGather(rank_capacity_bytes=4096, device=0, wait_timeout_ms=4321,
+                                   watchdog=False)
+        print("budget", a.wait_timeout_ms, a.watchdog)
+    """)
+
+    def child(**env):
+        e = {k: v for k, v in os.environ.items() if k != "MHCCL_WAIT_TIMEOUT_MS"}
+        e.update(MHCCL_DEBUG="INFO", **env)
+        return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                              timeout=300)
+
+    given = child()
+    assert given.returncode == 0, given.stderr
+    assert "budget 4321 False" in given.stdout
+    assert "wait budget 4321 ms" in given.stderr and "fallback watchdog off" in given.stderr
+    env = child(MHCCL_WAIT_TIMEOUT_MS="777")
+    assert env.returncode == 0, env.stderr
+    assert "budget 777 False" in env.stdout and "wait budget 777 ms" in env.stderr

@@ -346,11 +346,77 @@ def test_cpu_tensors_reach_the_cpp_checks():
     # _stream asks torch.cuda for the current stream of cuda:0, which needs CUDA: stubbed here.
     orig, _api._stream = _api._stream, lambda t: 0
     try:
-        with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor on device cuda:0, got device type 1"):
+        with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor on device cuda:0, got device type 1") as info:
             op(torch.zeros(m, H, dtype=bf), torch.zeros(m, HC, H, dtype=bf), torch.zeros(m, HC),
                torch.zeros(m, HC, HC), torch.zeros(m, HC), torch.zeros(H, dtype=bf), 1e-6)
+        assert type(info.value) is mhccl.InvalidArgumentError and info.value.code == "kInvalidArgument"
     finally:
         _api._stream = orig
+
+
+class Raising:
+    """A C++ op stand-in whose call throws a C++ mhccl::Error of ``code`` through the extension's
+    real translator (``_raise_for_test``), as a kernel's recorded fault would at the next call."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def call(self, *args):
+        _api._lib()._raise_for_test(self.code, f"{self.code} inside the op", 1, 7, "AllReduceMHC.call")
+
+    finalize = call
+
+
+@pytest.mark.parametrize("code,cls", [("kPeerTimeout", mhccl.PeerTimeoutError),
+                                      ("kDivergence", mhccl.DivergenceError),
+                                      ("kUnusable", mhccl.UnusableError),
+                                      ("kInvalidArgument", mhccl.InvalidArgumentError),
+                                      ("kCuda", mhccl.CudaError)])
+@pytest.mark.parametrize("path", ["class", "functional_op", "out_op", "compiled"])
+def test_errors_keep_their_class_through_the_torch_ops(monkeypatch, code, cls, path):
+    """An mhccl.Error raised inside a torch op's implementation (eager, CPU tensors: the real
+    implementation runs) reaches the caller as raised: class, message, code, peer, call index and
+    op; through the class's call, each torch op called directly, and compiled code run (aot_eager:
+    the error comes from the op's run, not from the trace)."""
+    _ops.ensure_registered()
+    op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
+                        _op=Raising(code), _device=0)
+    monkeypatch.setattr(_api, "_stream", lambda d: 0)
+    m = 2
+    lead, t = _call_inputs(m, "cpu", False, "plain")
+    ins = (lead["x"], t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6)
+    if path == "class":
+        run = lambda: op(*ins)  # noqa: E731
+    elif path == "functional_op":
+        run = lambda: torch.ops.mhccl.all_reduce_mhc(op._handle, *ins)  # noqa: E731
+    elif path == "out_op":
+        outs = (torch.empty(m, HC, H, dtype=torch.bfloat16), torch.empty(m, H, dtype=torch.bfloat16),
+                None, None, None, None)
+        run = lambda: torch.ops.mhccl.all_reduce_mhc_out(op._handle, *ins, "auto", *outs)  # noqa: E731
+    else:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: op(*a), fullgraph=True, backend="aot_eager")
+        run = lambda: compiled(*ins)  # noqa: E731
+    with pytest.raises(mhccl.Error) as info:
+        run()
+    e = info.value
+    assert type(e) is cls, repr(e)
+    assert (str(e), e.code, e.peer, e.call_index, e.op) == (
+        f"{code} inside the op", code, 1, 7, "AllReduceMHC.call")
+
+
+def test_python_layer_errors_keep_their_class_through_the_fakes(handle):
+    """The fake implementations' own checks (meta tensors) raise the package's classes too."""
+    h, _ = handle
+    lead, t = _call_inputs(2, "meta", False, "plain")
+    with pytest.raises(mhccl.InvalidArgumentError, match="^x: expected shape") as info:
+        torch.ops.mhccl.all_reduce_mhc(h, torch.zeros(2, H + 8, dtype=torch.bfloat16, device="meta"),
+                                       t["residual"], t["post"], t["comb"], t["pre"],
+                                       t["norm_weight"], 1e-6)
+    assert info.value.code == "kInvalidArgument"
+    with pytest.raises(mhccl.InvalidArgumentError, match="names no live instance"):
+        torch.ops.mhccl.all_reduce_mhc(10**9, lead["x"], t["residual"], t["post"], t["comb"],
+                                       t["pre"], t["norm_weight"], 1e-6)
 
 
 def test_wrong_types_in_calls_are_type_errors():
@@ -380,16 +446,19 @@ def test_wrong_types_in_calls_are_type_errors():
         op(args[0], args[1], torch.zeros(2, 3, device="meta"), *args[3:], 1e-6)
 
 
-def test_torch_is_imported_by_registration_only():
+def test_torch_ops_are_registered_at_import():
+    """``import mhccl`` registers every torch op where PyTorch imports (so that compiled code can
+    name them before any instance exists), without loading the extension or needing a GPU."""
     import subprocess
 
-    probe = ("import sys, mhccl; from mhccl import _ops; a = 'torch' in sys.modules; "
-             "_ops.ensure_registered(); import torch; "
-             "print(a, hasattr(torch.ops.mhccl, 'all_reduce_mhc'))")
-    env = dict(os.environ)
+    names = ("all_reduce_mhc", "all_reduce_mhc_out", "all_reduce_mhc_finalize",
+             "all_reduce_mhc_finalize_out", "all_gather", "all_gather_out")
+    probe = ("import sys, mhccl, torch; "
+             f"print(all(hasattr(torch.ops.mhccl, n) for n in {names!r}), "
+             "'mhccl._mhccl' in sys.modules, mhccl._ops._REGISTERED)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         env=env)
-    assert out.stdout.split() == ["False", "True"]
+                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.stdout.split() == ["True", "False", "True"], out.stderr
 
 
 # --- per-token-group FP8 -----------------------------------------------------------------------

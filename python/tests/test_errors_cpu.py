@@ -1,0 +1,265 @@
+"""mhccl's exception classes without a GPU: every C++ ErrorCode reaches Python as its class, through
+the extension's real exception translator (``_raise_for_test`` throws a C++ mhccl::Error), with
+its code, peer, call index and op; the argument errors are also ValueError / TypeError; every
+class pickles; the constructors' communicator options are checked before anything is built."""
+
+import copy
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import mhccl
+from mhccl import _api, _errors
+
+# The class of every C++ code, written out here (not read from _errors) so that a change of the
+# mapping is a change of this test too.
+CLASSES = {
+    "kInvalidArgument": mhccl.InvalidArgumentError,
+    "kUnsupported": mhccl.UnsupportedError,
+    "kNoDevice": mhccl.NoDeviceError,
+    "kCuda": mhccl.CudaError,
+    "kNccl": mhccl.NcclError,
+    "kPeerTimeout": mhccl.PeerTimeoutError,
+    "kDivergence": mhccl.DivergenceError,
+    "kUnusable": mhccl.UnusableError,
+    "kInvalidRoute": mhccl.InvalidRouteError,
+}
+ALL_CLASSES = [mhccl.Error, mhccl.ArgumentTypeError, mhccl.PeerError, *CLASSES.values()]
+
+
+def _lib():
+    return _api._lib()
+
+
+def test_every_cpp_code_has_its_class():
+    codes = _lib()._error_codes()
+    assert codes[0] == "kInvalidArgument" and len(codes) == len(set(codes))
+    assert set(codes) == set(CLASSES), "a C++ ErrorCode without a Python class, or a stale one"
+    assert _errors.CLASS_OF_CODE == CLASSES
+
+
+@pytest.mark.parametrize("code", sorted(CLASSES))
+def test_cpp_errors_arrive_as_their_class_with_their_context(code):
+    cls = CLASSES[code]
+    with pytest.raises(cls) as info:
+        _lib()._raise_for_test(code, f"a {code} message", 3, 17, "AllReduceMHC.call")
+    e = info.value
+    assert type(e) is cls
+    assert str(e) == e.message == f"a {code} message"
+    assert (e.code, e.peer, e.call_index, e.op) == (code, 3, 17, "AllReduceMHC.call")
+    assert isinstance(e, mhccl.Error) and isinstance(e, RuntimeError)
+    assert code in repr(e) and "peer=3" in repr(e)
+
+
+@pytest.mark.parametrize("code", sorted(CLASSES))
+def test_unknown_context_is_none(code):
+    with pytest.raises(CLASSES[code]) as info:
+        _lib()._raise_for_test(code, "no context")  # the C++ defaults: -1, -1, ""
+    e = info.value
+    assert (e.code, e.peer, e.call_index, e.op) == (code, None, None, None)
+    assert repr(e) == f"{CLASSES[code].__name__}('no context', code='{code}')"
+
+
+def test_call_index_beyond_int32_and_peer_zero():
+    with pytest.raises(mhccl.DivergenceError) as info:
+        _lib()._raise_for_test("kDivergence", "m", 0, 2**40, "LamportAllGather.call")
+    assert (info.value.peer, info.value.call_index) == (0, 2**40)  # 0 is a rank, not unknown
+
+
+def test_raise_for_test_refuses_an_unknown_code():
+    with pytest.raises(mhccl.InvalidArgumentError, match="^code_id: expected an ErrorCode"):
+        _lib()._raise_for_test("kNoSuchCode", "m")
+
+
+def test_the_hierarchy():
+    for cls in (mhccl.InvalidArgumentError, mhccl.UnsupportedError):
+        assert issubclass(cls, ValueError) and issubclass(cls, mhccl.Error)
+    assert issubclass(mhccl.ArgumentTypeError, TypeError)
+    assert issubclass(mhccl.ArgumentTypeError, mhccl.Error)
+    assert mhccl.ArgumentTypeError("x").code == "kInvalidArgument"
+    for cls in (mhccl.PeerTimeoutError, mhccl.DivergenceError):
+        assert issubclass(cls, mhccl.PeerError)
+    for cls in ALL_CLASSES:
+        assert issubclass(cls, RuntimeError) and issubclass(cls, mhccl.Error)
+        assert cls.__doc__ and "What to do" in cls.__doc__ or cls is mhccl.Error
+    runtime_only = (mhccl.NoDeviceError, mhccl.CudaError, mhccl.NcclError, mhccl.PeerError,
+                    mhccl.UnusableError, mhccl.InvalidRouteError)
+    for cls in runtime_only:
+        assert not issubclass(cls, (ValueError, TypeError)), cls
+    assert not issubclass(mhccl.UnusableError, mhccl.PeerError)
+    for code, cls in CLASSES.items():
+        assert cls("m").code == code  # each class's own code by default
+
+
+def test_a_code_without_a_class_is_the_base_class():
+    e = _errors.from_cpp("kFromTheFuture", "newer extension", 1, 2, "op")
+    assert type(e) is mhccl.Error and e.code == "kFromTheFuture" and (e.peer, e.call_index) == (1, 2)
+
+
+def _roundtrip(e):
+    return pickle.loads(pickle.dumps(e))
+
+
+@pytest.mark.parametrize("code", sorted(CLASSES))
+def test_cpp_errors_pickle(code):
+    with pytest.raises(mhccl.Error) as info:
+        _lib()._raise_for_test(code, "pickled", 1, 5, "AllReduceMHC.finalize")
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(info.value, protocol=protocol))
+        assert type(back) is CLASSES[code]
+        assert (str(back), back.code, back.peer, back.call_index, back.op) == (
+            "pickled", code, 1, 5, "AllReduceMHC.finalize")
+    assert type(copy.deepcopy(info.value)) is CLASSES[code]
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_every_class_pickles_with_and_without_context(cls):
+    for e in (cls("bare"), cls("full", code="kPeerTimeout", peer=2, call_index=9, op="op")):
+        back = _roundtrip(e)
+        assert type(back) is cls and back.args == e.args
+        assert (back.code, back.peer, back.call_index, back.op) == (e.code, e.peer, e.call_index, e.op)
+
+
+def test_pickling_keeps_notes_and_extra_attributes():
+    e = mhccl.PeerTimeoutError("t", peer=1)
+    e.rank = 0  # what a caller may attach before passing it on
+    if hasattr(e, "add_note"):  # Python >= 3.11
+        e.add_note("while replaying decode step 12")
+    back = _roundtrip(e)
+    assert back.rank == 0 and back.peer == 1
+    assert getattr(back, "__notes__", None) == getattr(e, "__notes__", None)
+
+
+def test_pickled_in_another_process():
+    """As torch.multiprocessing or Ray pass it: unpickled in a fresh interpreter."""
+    with pytest.raises(mhccl.Error) as info:
+        _lib()._raise_for_test("kPeerTimeout", "waited for rank 1", 1, 42, "AllReduceMHC.call")
+    probe = ("import pickle, sys; e = pickle.loads(sys.stdin.buffer.read()); "
+             "print(type(e).__name__, e.code, e.peer, e.call_index, e.op)")
+    out = subprocess.run([sys.executable, "-c", probe], input=pickle.dumps(info.value),
+                         capture_output=True, check=True)
+    assert out.stdout.decode().split() == ["PeerTimeoutError", "kPeerTimeout", "1", "42",
+                                           "AllReduceMHC.call"]
+
+
+def test_the_python_layers_argument_errors():
+    with pytest.raises(mhccl.ArgumentTypeError, match="^m: expected an int") as info:
+        mhccl.mxfp8_scale_bytes(1.5, 5120)
+    assert info.value.code == "kInvalidArgument" and info.value.peer is None
+    with pytest.raises(mhccl.InvalidArgumentError, match="multiple of 32") as info:
+        mhccl.mxfp8_scale_bytes(4, 5120 + 8)
+    assert info.value.code == "kInvalidArgument"
+    with pytest.raises(mhccl.InvalidArgumentError, match="device: expected a CUDA device"):
+        _api._device_index("cpu")
+    with pytest.raises(mhccl.ArgumentTypeError, match="^device: expected"):
+        _api._device_index(1.5)
+
+
+@pytest.mark.parametrize("kwargs,cls,code", [
+    (dict(hc_mult=3), mhccl.UnsupportedError, "kUnsupported"),
+    (dict(hidden_size=32768 + 8), mhccl.UnsupportedError, "kUnsupported"),
+    (dict(top_k=17), mhccl.InvalidArgumentError, "kInvalidArgument"),
+    (dict(hidden_size=5124), mhccl.InvalidArgumentError, "kInvalidArgument"),
+    (dict(max_num_tokens=0), mhccl.InvalidArgumentError, "kInvalidArgument"),
+])
+def test_cpp_config_checks_arrive_as_their_class(kwargs, cls, code):
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(mhccl.Error) as info:
+        mhccl.AllReduceMHC(**args)
+    assert type(info.value) is cls and info.value.code == code
+
+
+# --- the communicator options of the constructors ---------------------------------------------
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fails the test where a constructor gets as far as the extension (the C++ checks, the
+    communicator): the options are refused before it."""
+    def built():
+        raise AssertionError("the constructor went on to build")
+    monkeypatch.setattr(_api, "_lib", built)
+
+
+def _constructors(**options):
+    return [lambda: mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6,
+                                       device=0, **options),
+            lambda: mhccl.LamportAllGather(rank_capacity_bytes=4096, device=0, **options)]
+
+
+@pytest.mark.parametrize("value", [0, -1, 24 * 3600 * 1000 + 1, 2**64])
+def test_wait_timeout_out_of_range_is_refused_before_anything_is_built(nothing_built, value):
+    for build in _constructors(wait_timeout_ms=value):
+        with pytest.raises(mhccl.InvalidArgumentError,
+                           match=r"^wait_timeout_ms: expected an int in \[1, 86400000\]") as info:
+            build()
+        assert info.value.code == "kInvalidArgument"
+
+
+@pytest.mark.parametrize("options,name,want", [
+    (dict(wait_timeout_ms=1.5), "wait_timeout_ms", "an int"),
+    (dict(wait_timeout_ms="30000"), "wait_timeout_ms", "an int"),
+    (dict(wait_timeout_ms=True), "wait_timeout_ms", "an int"),
+    (dict(watchdog=1), "watchdog", "a bool"),
+    (dict(watchdog=None), "watchdog", "a bool"),
+    (dict(force_nccl_fallback="no"), "force_nccl_fallback", "a bool"),
+])
+def test_options_of_a_wrong_type_are_refused_before_anything_is_built(nothing_built, options, name,
+                                                                       want):
+    for build in _constructors(**options):
+        with pytest.raises(mhccl.ArgumentTypeError, match=f"^{name}: expected {want}, got "):
+            build()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(wait_timeout_ms=None), dict(wait_timeout_ms=1),
+                                     dict(wait_timeout_ms=24 * 3600 * 1000, watchdog=False,
+                                          force_nccl_fallback=True)])
+def test_valid_options_reach_the_build(nothing_built, options):
+    for build in _constructors(**options):
+        with pytest.raises(AssertionError, match="went on to build"):
+            build()
+
+
+def test_options_reach_the_cpp_communicator(monkeypatch):
+    """What the constructors hand the C++ Communicator (a stand-in records it; no GPU here), and
+    that ops of other options get a communicator of their own."""
+    made = []
+
+    class Comm:
+        def __init__(self, uid, rank, tp, device, **options):
+            made.append((rank, tp, device, options))
+            self.tp, self.wait_timeout_ms = tp, options["wait_timeout_ms"] or 30000
+
+    lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
+    monkeypatch.setattr(_api, "_lib", lambda: lib)
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
+    a = _api._communicator(None, 0, 5000, False, True)
+    assert made == [(0, 1, 0, dict(wait_timeout_ms=5000, watchdog=False, force_nccl_fallback=True))]
+    assert _api._communicator(None, 0, 5000, False, True) is a  # shared
+    b = _api._communicator(None, 0)
+    assert b is not a and made[-1][3] == dict(wait_timeout_ms=None, watchdog=True,
+                                             force_nccl_fallback=False)
+
+
+def test_the_binding_takes_the_options_by_keyword():
+    sig = _lib().Communicator.__init__.__doc__ or ""
+    for name in ("wait_timeout_ms: int | None = None", "watchdog: bool = True",
+                 "force_nccl_fallback: bool = False"):
+        assert name in sig, sig
+    for prop in ("wait_timeout_ms", "watchdog", "force_nccl_fallback"):
+        assert isinstance(getattr(_lib().Communicator, prop), property)
+
+
+def test_the_cpp_communicator_check_arrives_as_its_class():
+    """The C++ constructor's own checks, past the Python ones: no CUDA device (NoDeviceError with
+    CUDA's reason) on a machine without one, else the budget's range (InvalidArgumentError)."""
+    with pytest.raises(mhccl.Error) as info:
+        _lib().Communicator(_lib().unique_id(), 0, 1, 0, wait_timeout_ms=0)
+    e = info.value
+    if isinstance(e, mhccl.NoDeviceError):
+        assert e.code == "kNoDevice" and str(e).startswith("Communicator: no CUDA device (")
+    else:
+        assert type(e) is mhccl.InvalidArgumentError and e.code == "kInvalidArgument"
+        assert str(e).startswith("wait_timeout_ms: expected 1 to 86400000 ms, got 0")
