@@ -40,6 +40,7 @@ std::vector<std::string> Options::worker_args() const {
   if (quick) a.push_back("--quick");
   if (allow_nccl) a.push_back("--allow-nccl");
   if (!shapes) a.push_back("--no-shapes");
+  if (!compare) a.push_back("--no-compare");
   if (verify) a.push_back("--verify");
   if (!verify_ms.empty()) {
     std::string s;
@@ -85,35 +86,64 @@ json merged_table(const std::string& path, const json& fresh, const Options& o, 
   return table;
 }
 
+// Every (variant, op, M): the defaults' path and time against the chosen one's, on the sweep's
+// timings and, where measured again (--no-compare not given), on the ops a user builds: one
+// loading the entry, one on the built-in defaults. A measured row more than kNoise slower is
+// flagged; the last line says how many (the tuned choice should be no slower at any swept M).
 void print_summary(const json& entries) {
-  std::printf("\nsummary: the chosen paths against the built-in defaults (the same measurements)\n");
-  double worst = 0, best = 0, log_sum = 0;
-  int n = 0;
+  constexpr double kNoise = 0.03;
+  std::printf("\nsummary: the chosen paths against the built-in defaults at every swept M, in us. 'sweep d/t': the\n"
+              "sweep's timings of the defaults' and the tuned path; 'again d/t': the automatic choice of an op on the\n"
+              "defaults and of one loading the entry, timed again, alternated; gain: of 'again' where measured;\n"
+              "'*': the path differs\n");
+  double worst = 0, best = 0, log_sum = 0, m_worst = 0, m_log_sum = 0;
+  int n = 0, measured = 0, slower = 0;
   for (const json& e : entries) {
     const std::string variant = e["key"]["variant"];
     std::printf("  %s: two-shot from %s (finalize %s), streaming_min_rows %s; defaults %s (%s), %s\n", variant.c_str(),
                 e["thresholds"]["two_shot_min_rows"].dump().c_str(), e["thresholds"]["two_shot_min_finalize_rows"].dump().c_str(),
                 e["thresholds"]["streaming_min_rows"].dump().c_str(), e["defaults"]["two_shot_min_rows"].dump().c_str(),
                 e["defaults"]["two_shot_min_finalize_rows"].dump().c_str(), e["defaults"]["streaming_min_rows"].dump().c_str());
+    std::printf("    %-8s %6s  %-22s %-22s %9s %9s  %9s %9s %7s\n", "op", "M", "default path", "tuned path",
+                "sweep d", "sweep t", "again d", "again t", "gain");
     for (const json& g : e["gain"]) {
       const double d = g["default_us"], u = g["tuned_us"];
-      if (d <= 0 || u <= 0) continue;
-      const double gain = 100.0 * (d - u) / d;
-      if (g["default_path"] != g["tuned_path"]) {
-        std::printf("    %-8s M=%-6lld %-22s %9.2f us -> %-22s %9.2f us (%+.1f%%)\n", g["op"].get<std::string>().c_str(),
-                    g["m"].get<long long>(), g["default_path"].get<std::string>().c_str(), d,
-                    g["tuned_path"].get<std::string>().c_str(), u, -gain);
+      const bool has_m = g.contains("measured_default_us");
+      const double md = has_m ? g["measured_default_us"].get<double>() : -1;
+      const double mu = has_m ? g["measured_tuned_us"].get<double>() : -1;
+      const bool flagged = md > 0 && mu > md * (1 + kNoise);
+      const double shown = md > 0 && mu > 0 ? 100.0 * (md - mu) / md : d > 0 && u > 0 ? 100.0 * (d - u) / d : 0.0;
+      std::printf("    %-8s %6lld%s %-22s %-22s %9.2f %9.2f  %9.2f %9.2f %+6.1f%%%s\n", g["op"].get<std::string>().c_str(),
+                  g["m"].get<long long>(), g["default_path"] != g["tuned_path"] ? "*" : " ",
+                  g["default_path"].get<std::string>().c_str(), g["tuned_path"].get<std::string>().c_str(), d, u, md, mu,
+                  shown, flagged ? "  SLOWER" : "");
+      if (d > 0 && u > 0) {
+        const double gain = 100.0 * (d - u) / d;
+        worst = n == 0 ? gain : std::min(worst, gain);
+        best = n == 0 ? gain : std::max(best, gain);
+        log_sum += std::log(d / u);
+        ++n;
       }
-      worst = n == 0 ? gain : std::min(worst, gain);
-      best = n == 0 ? gain : std::max(best, gain);
-      log_sum += std::log(d / u);
-      ++n;
+      if (md > 0 && mu > 0) {
+        const double gain = 100.0 * (md - mu) / md;
+        m_worst = measured == 0 ? gain : std::min(m_worst, gain);
+        m_log_sum += std::log(md / mu);
+        ++measured;
+        slower += flagged;
+      }
     }
   }
   if (n > 0) {
-    std::printf("  over %d (variant, op, M): mean %.1f%% faster than the defaults (geometric), at most %.1f%%, "
-                "least %.1f%% (never slower by construction on these timings)\n",
+    std::printf("  sweep's timings, over %d (variant, op, M): gain over the defaults %+.1f%% (geometric mean), at most "
+                "%+.1f%%, least %+.1f%% (never negative by construction)\n",
                 n, 100.0 * (1 - std::exp(-log_sum / n)), best, worst);
+  }
+  if (measured > 0) {
+    std::printf("  measured again, over %d (variant, op, M): gain over the defaults %+.1f%% (geometric mean), least "
+                "%+.1f%%; slower by more than %.0f%% at %d: %s\n",
+                measured, 100.0 * (1 - std::exp(-m_log_sum / measured)), m_worst, 100 * kNoise, slower,
+                slower == 0 ? "the tuned choice is no slower than the defaults at any swept M"
+                            : "see the rows marked SLOWER (noise, or a choice to revisit)");
   }
 }
 
@@ -134,12 +164,15 @@ int main(int argc, char** argv) {
   app.add_option("--hc", o.hc, "hc (default 4)");
   app.add_option("--top-k", o.top_k, "top_k of finalize (default 6)");
   app.add_option("--variants", variants, "comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 (default: all H allows)");
-  app.add_option("--max-rows", o.max_rows, "the largest M swept, the ops' capacity (default 8192; --quick 1024)");
+  app.add_option("--max-rows,--max-m", o.max_rows, "the largest M swept, the ops' capacity (default 8192; --quick 1024)");
   app.add_flag("--quick", o.quick, "powers of two to 1024 rows, fewer repeats, fewer launch shapes");
   app.add_flag("--allow-nccl", o.allow_nccl,
                "let the table choose the NCCL path where faster (opt-in: NCCL waits for a dead peer without a budget)");
   bool no_shapes = false;
   app.add_flag("--no-shapes", no_shapes, "do not time the streaming call's publisher and reducer CTAs");
+  bool no_compare = false;
+  app.add_flag("--no-compare", no_compare,
+               "do not time the chosen entry's automatic choice against the defaults' again after the sweep");
   app.add_option("--out", out, "the table to write (default ./mhccl-tuning.json; entries of other keys in it are kept)");
   app.add_option("--repeats", o.repeats, "timed repeats, the median is taken (default 11; --quick 5)");
   app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20; --quick 10)");
@@ -155,6 +188,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   o.shapes = !no_shapes;
+  o.compare = !no_compare;
   if (o.max_rows <= 0) o.max_rows = o.quick ? 1024 : 8192;
   if (o.repeats <= 0) o.repeats = o.quick ? 5 : 11;
   if (o.calls_per_graph <= 0) o.calls_per_graph = o.quick ? 10 : 20;

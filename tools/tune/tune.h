@@ -14,10 +14,11 @@ struct Options {
   int hc = 4;
   int top_k = 6;
   std::vector<std::string> variants;  // empty: every variant H allows
-  int64_t max_rows = 0;               // 0: 8192 (--quick: 1024)
+  int64_t max_rows = 0;               // 0: 8192 (--quick: 1024); --max-rows, --max-m
   bool quick = false;
   bool allow_nccl = false;  // let the table turn the NCCL path on (it waits for a dead peer without a budget)
   bool shapes = true;       // time the streaming call's publisher and reducer CTAs
+  bool compare = true;      // time the chosen entry's automatic choice against the defaults' again
   int repeats = 0;          // 0: 11 (--quick: 5)
   int calls_per_graph = 0;  // 0: 20 (--quick: 10)
   bool verify = false;

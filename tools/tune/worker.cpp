@@ -3,6 +3,7 @@
 // Rank 0 writes its result (the table's entries and the summary, JSON) for the parent.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -113,6 +114,26 @@ struct Run {
     c.two_shot_min_finalize_rows = 1;  // ... and two-shot is built
     c.lamport_self_test = tp == 1;
     c.streaming_min_rows = streaming;
+    return c;
+  }
+
+  // An op as a user builds it for `variant` (its table key is that variant), whose automatic
+  // choice takes the Lamport paths by the thresholds (TP=1: through the own mailbox).
+  AllReduceMHCConfig user_config(const std::string& variant, int64_t cap) const {
+    AllReduceMHCConfig c;
+    c.hidden_size = o.hidden;
+    c.hc_mult = o.hc;
+    c.top_k = o.top_k;
+    c.max_num_tokens = cap;
+    if (variant == "fp8" || variant == "fp8_ue8m0") {
+      testing::build_quant(c, variant == "fp8" ? testing::Quant::kFp8 : testing::Quant::kFp8Ue8m0);
+    } else if (variant == "mxfp8") {
+      testing::build_quant(c, testing::Quant::kMxfp8);
+    } else if (variant == "residual_only") {
+      c.residual_only = true;
+    }
+    c.lamport_self_test = tp == 1;
+    c.lamport_self_test_auto = tp == 1;
     return c;
   }
 
@@ -254,6 +275,45 @@ int run_tune(Run& r) {
       r.say("  [%6.1fs] launch shapes of the streaming call (plain, M = %lld):\n", r.elapsed(), (long long)cap);
       shapes = tune_shapes(r, sets, cap, shape_timings);
     }
+    json thresholds = {{"two_shot_min_rows", rows_json(tuned.call.two_shot)},
+                       {"two_shot_min_finalize_rows", rows_json(tuned.finalize.two_shot)},
+                       {"nccl_min_rows", rows_json(tuned.call.nccl)},
+                       {"nccl_min_finalize_rows", rows_json(tuned.finalize.nccl)},
+                       {"streaming_min_rows", tuned.call.streaming}};
+    json key_json = {{"gpu", key.gpu}, {"sms", key.sms}, {"p2p", key.p2p}, {"nccl", key.nccl}, {"tp", key.tp},
+                     {"hidden", key.hidden}, {"hc", key.hc}, {"variant", variant}, {"top_k", key.top_k}};
+    json launch = json::object();
+    if (!shapes.empty()) {
+      launch = {{"publisher_ctas", shapes[0]}, {"finalize_publisher_ctas", shapes[1]}, {"reducer_ctas", shapes[2]}};
+    }
+    // The entry against the defaults, measured again: the automatic choice of an op that loads the
+    // entry from a table (as a user's op does) and of one on the built-in defaults, alternated at
+    // each M. The choice above is no slower on the sweep's timings by construction; this says
+    // whether it is so on the op a user runs.
+    std::map<int64_t, std::pair<double, double>> measured[2];  // M -> (defaults, tuned) us
+    if (o.compare) {
+      const std::string table_path = "/tmp/mhccl-tune-compare-" + std::to_string(getpid()) + ".json";
+      json probe = {{"key", key_json}, {"provenance", "measured"}, {"thresholds", thresholds}};
+      if (!launch.empty()) probe["launch"] = launch;
+      std::ofstream(table_path) << json{{"schema_version", tuning::kSchemaVersion}, {"entries", json::array({probe})}}.dump()
+                                << "\n";
+      AllReduceMHCConfig dc = r.user_config(variant, cap), tc = dc;
+      tc.tuning_file = table_path;
+      AllReduceMHC with_defaults(r.comm, dc), with_table(r.comm, tc);
+      std::remove(table_path.c_str());
+      if (with_table.tuning_source().find("tuning table") == std::string::npos) {
+        r.say("  warning: the comparison's op did not take the entry: %s\n", with_table.tuning_source().c_str());
+      }
+      for (const bool fin : {false, true}) {
+        for (const int64_t m : ms) {
+          const double d = r.time_op(with_defaults, sets, variant, fin, m, Protocol::kAuto, cap);
+          const double u = r.time_op(with_table, sets, variant, fin, m, Protocol::kAuto, cap);
+          measured[fin][m] = {d, u};
+        }
+      }
+      r.say("  [%6.1fs] %-13s measured again: the entry's automatic choice against the defaults' at %zu M\n", r.elapsed(),
+            variant.c_str(), ms.size());
+    }
     // The gain, from the same measurements: the tuned choice's path at each M against the defaults'.
     json gain = json::array();
     for (int op = 0; op < 2; ++op) {
@@ -264,22 +324,22 @@ int run_tune(Run& r) {
           const int p = path_at(x, m);
           return std::string(kPathNames[p]) + (streams_at(x, p, m, resident) ? " streaming" : "");
         };
-        gain.push_back(json{{"op", op ? "finalize" : "call"}, {"m", m}, {"default_path", path(defaults[op])},
-                            {"default_us", d}, {"tuned_path", path(c)}, {"tuned_us", u}});
+        json row = {{"op", op ? "finalize" : "call"}, {"m", m}, {"default_path", path(defaults[op])},
+                    {"default_us", d}, {"tuned_path", path(c)}, {"tuned_us", u}};
+        if (const auto it = measured[op].find(m); it != measured[op].end()) {
+          row["measured_default_us"] = it->second.first;
+          row["measured_tuned_us"] = it->second.second;
+        }
+        gain.push_back(row);
       }
     }
     json entry = {
-        {"key", {{"gpu", key.gpu}, {"sms", key.sms}, {"p2p", key.p2p}, {"nccl", key.nccl}, {"tp", key.tp},
-                 {"hidden", key.hidden}, {"hc", key.hc}, {"variant", variant}, {"top_k", key.top_k}}},
+        {"key", key_json},
         {"mhccl", tuning::library_version()},
         {"provenance", "measured"},
         {"source", "mhccl-tune " + std::string(o.quick ? "--quick " : "") + "on " + std::to_string(r.tp) + " x " +
                        key.gpu + ", NCCL " + nccl_text + (r.tp == 1 ? ", through the own mailbox (lamport_self_test)" : "")},
-        {"thresholds", {{"two_shot_min_rows", rows_json(tuned.call.two_shot)},
-                        {"two_shot_min_finalize_rows", rows_json(tuned.finalize.two_shot)},
-                        {"nccl_min_rows", rows_json(tuned.call.nccl)},
-                        {"nccl_min_finalize_rows", rows_json(tuned.finalize.nccl)},
-                        {"streaming_min_rows", tuned.call.streaming}}},
+        {"thresholds", thresholds},
         {"defaults", {{"two_shot_min_rows", rows_json(defaults[0].two_shot)},
                       {"two_shot_min_finalize_rows", rows_json(defaults[1].two_shot)},
                       {"streaming_min_rows", defaults[0].streaming}}},
@@ -288,7 +348,7 @@ int run_tune(Run& r) {
         {"timings", timings},
         {"gain", gain}};
     if (!shapes.empty()) {
-      entry["launch"] = {{"publisher_ctas", shapes[0]}, {"finalize_publisher_ctas", shapes[1]}, {"reducer_ctas", shapes[2]}};
+      entry["launch"] = launch;
       entry["launch_timings"] = shape_timings;
     }
     entries.push_back(entry);
