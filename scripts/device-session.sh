@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A run on a GPU machine (one call of a few minutes): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
-# python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep, peers, example (default: build tests
-# bench). Extra bench arguments via BENCH_ARGS.
+# python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep, peers, example, tune (default:
+# build tests bench). Extra bench arguments via BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # MHCCL_COMMIT=<sha> in the run's command.
 export MHCCL_COMMIT=${MHCCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 stages=${*:-build tests bench}
-known=" build tests deadpeer python sanitize profile bench ab abtree sweep envsweep agsweep peers example "
+known=" build tests deadpeer python sanitize profile bench ab abtree sweep envsweep agsweep peers example tune "
 for s in $stages; do
   if [[ "$known" != *" $s "* ]]; then
     echo "device-session.sh: unknown stage '$s'; stages:$known(default: build tests bench)" >&2; exit 2
@@ -264,6 +264,33 @@ if [[ " $stages " == *" example "* ]]; then
     echo "example tp2 rc=$?"; grep -vE "^\s+File|^\s*$|^W[0-9]{4} " "$OUT/example-tp2.log" | tail -22
   fi
 fi
+if [[ " $stages " == *" tune "* ]]; then
+  # mhccl-tune at TP=1 through the own mailbox (H=5120, hc=4, every variant; TUNE_ARGS: more
+  # arguments, e.g. "--quick" or "--variants plain --max-m 1024"), timed: its wall time, the
+  # table ($OUT/tuning-tp1.json, outside the archive), the summary's verdicts (the tuned choice
+  # against the defaults at every swept M, measured again on the ops a user builds) and the rows
+  # where the path changed or a measured row is slower. Then the self-test with the table, the
+  # self-test with a path broken on purpose (MHCCL_TEST_BREAK_PATH, test only: must exit 1), and
+  # the tuning GPU tests in a process of their own (they run mhccl-tune themselves).
+  stamp "tune: mhccl-tune --tp 1 --hidden 5120 --hc 4 ${TUNE_ARGS:-}"
+  t=$(date +%s)
+  timeout ${TUNE_TIMEOUT:-480} "$B/tools/tune/mhccl-tune" --tp 1 --hidden 5120 --hc 4 --out "$OUT/tuning-tp1.json" \
+    ${TUNE_ARGS:-} > "$OUT/tune.log" 2>&1
+  echo "mhccl-tune rc=$? wall $(( $(date +%s) - t )) s"
+  grep -E "^mhccl-tune: (TP=|wrote|the sweep failed|nothing)|^  [a-z_0-9]+: two-shot from|gain over the defaults|error|Error" "$OUT/tune.log" | head -20
+  grep -E "^    (call|finalize) +[0-9]+\*|SLOWER" "$OUT/tune.log" | head -${TUNE_LINES:-40}
+  stamp "tune: mhccl-tune --verify with the table"
+  timeout 120 "$B/tools/tune/mhccl-tune" --tp 1 --verify --tuning-file "$OUT/tuning-tp1.json" > "$OUT/tune-verify.log" 2>&1
+  echo "verify rc=$? (expected 0)"; grep -E "FAIL|mhccl-tune --verify:" "$OUT/tune-verify.log" | head -10
+  stamp "tune: mhccl-tune --verify, MHCCL_TEST_BREAK_PATH=two-shot (test only)"
+  MHCCL_TEST_BREAK_PATH=two-shot timeout 120 "$B/tools/tune/mhccl-tune" --tp 1 --verify > "$OUT/tune-verify-broken.log" 2>&1
+  rc=$?; echo "verify (broken) rc=$rc (expected 1): $([[ $rc == 1 ]] && echo PASS || echo FAIL)"
+  grep -E "mhccl-tune --verify:|^  FAIL" "$OUT/tune-verify-broken.log" | head -6
+  stamp "tune: GPU tests Tuning.*"
+  timeout 300 "$B/tests/gpu/mhccl_gpu_tests" --gtest_filter='Tuning.*' > "$OUT/tune-tests.log" 2>&1
+  echo "tuning tests rc=$?"; grep -E "^\[  (PASSED|FAILED) |^\[  SKIPPED \] [0-9]|Failure|Expected|Which is|automatic calls" "$OUT/tune-tests.log" | head -20
+fi
 stamp "done"
-# Only a few files come back from the GPU machine: every log goes back in one archive.
-( cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$') )
+# Only a few files come back from the GPU machine: every log goes back in one archive (the
+# tune stage's table beside it).
+( cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -vE '^(logs\.tgz|tuning-.*\.json)$') )

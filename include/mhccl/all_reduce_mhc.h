@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
@@ -88,6 +89,18 @@ struct AllReduceMHCConfig {
   // protocols' kernels, generations and resets on one GPU). kAuto still reads x directly.
   // Ignored at TP > 1.
   bool lamport_self_test = false;
+  // Testing, with lamport_self_test at TP=1: kAuto runs through the own mailbox too, one-shot or
+  // two-shot by the thresholds as at TP > 1 (protocol_for says which; never NCCL), so that the
+  // thresholds, a tuning table's among them, can be exercised on one GPU. Ignored otherwise.
+  bool lamport_self_test_auto = false;
+  // A tuning table (JSON, written by mhccl-tune; docs/TUNING.md): the entry matching this GPU,
+  // group and variant sets the thresholds above left at their default (0, -1) and the streaming
+  // call's publisher and reducer CTAs. Empty: the file MHCCL_TUNING_FILE names, if set. No
+  // matching entry, or a stale one (another schema version, another NCCL major.minor): the
+  // built-in defaults (MHCCL_DEBUG=INFO says why). A file that cannot be read or parsed is an
+  // Error(kInvalidArgument) naming the file and the place. The resolved values are agreed over
+  // the ranks like the rest of the configuration.
+  std::string tuning_file;
 };
 
 // Tensors of the fused epilogue, as DLPack views the caller owns (nothing is copied or kept).
@@ -168,8 +181,11 @@ class AllReduceMHC {
 
   // The protocol kAuto picks for M rows (rank-invariant).
   Protocol protocol_for(int64_t m, bool finalize) const;
-  // The configuration with defaults resolved (thresholds).
+  // The configuration with defaults resolved (thresholds; kNever = INT64_MAX for never).
   const AllReduceMHCConfig& config() const;
+  // Where the resolved thresholds and launch shapes came from, one line: the tuning table and
+  // its entry, or the built-in defaults (with, where a table was given, why none of it applied).
+  const std::string& tuning_source() const;
   // Device memory per rank of the mailboxes (one-shot, two-shot) and fallback buffers, bytes.
   size_t mailbox_bytes() const;
 

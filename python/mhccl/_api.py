@@ -625,6 +625,11 @@ class AllReduceMHC:
             ``check_errors()`` look. Keep it on where the fallback runs inside CUDA graphs.
         force_nccl_fallback: take the NCCL fallback (ncclAllReduce + the same fused consumer)
             even where every peer's memory is reachable (default False).
+        tuning_file: a tuning table written by ``mhccl-tune`` (docs/TUNING.md): the entry for
+            this GPU, group and variant sets the thresholds left at their defaults above and the
+            streaming call's launch shapes. "" (the default): the file ``MHCCL_TUNING_FILE``
+            names, if set; no matching entry: the built-in defaults. ``tuning_source`` says
+            which was used.
 
         Ops built on the same group and device with the same ``wait_timeout_ms``, ``watchdog``
         and ``force_nccl_fallback`` share one communicator (C++ ``CommunicatorOptions``); other
@@ -637,6 +642,8 @@ class AllReduceMHC:
             built (TP=1, a threshold above ``max_num_tokens``, peers reached through NCCL only).
         wait_timeout_ms, watchdog, force_nccl_fallback: the communicator's options in effect
             (read only; ``wait_timeout_ms`` with ``MHCCL_WAIT_TIMEOUT_MS`` applied).
+        tuning_source: where the thresholds came from: the tuning table's entry, or the
+            built-in defaults.
 
     Raises:
         ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
@@ -654,7 +661,8 @@ class AllReduceMHC:
                  two_shot_min_finalize_rows: int = 0, nccl_min_rows: int = 0,
                  nccl_min_finalize_rows: int = 0, quantize_layer_input_fp8: bool = False,
                  fp8_ue8m0_scales: bool = False, wait_timeout_ms: Optional[int] = None,
-                 watchdog: bool = True, force_nccl_fallback: bool = False) -> None:
+                 watchdog: bool = True, force_nccl_fallback: bool = False,
+                 tuning_file: str = "") -> None:
         int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
         hidden_size = _int_arg("hidden_size", hidden_size)
         hc_mult = _int_arg("hc_mult", hc_mult, **int32)
@@ -664,6 +672,8 @@ class AllReduceMHC:
         residual_only = _bool_arg("residual_only", residual_only)
         quantize_layer_input_fp8 = _bool_arg("quantize_layer_input_fp8", quantize_layer_input_fp8)
         fp8_ue8m0_scales = _bool_arg("fp8_ue8m0_scales", fp8_ue8m0_scales)
+        tuning_file = os.fspath(tuning_file) if isinstance(tuning_file, os.PathLike) else tuning_file
+        tuning_file = _str_arg("tuning_file", tuning_file)
         fp8 = dict(quantize_layer_input_fp8=quantize_layer_input_fp8,
                    fp8_ue8m0_scales=fp8_ue8m0_scales)
         thresholds = [_int_arg(n, v) for n, v in (
@@ -686,7 +696,10 @@ class AllReduceMHC:
         self._device = _device_index(device)
         self._comm = _communicator(group, self._device, *options)
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
-                                    quantize_layer_input, residual_only, *thresholds, **fp8)
+                                    quantize_layer_input, residual_only, *thresholds, **fp8,
+                                    tuning_file=_str_arg("tuning_file", tuning_file))
+        # Where the thresholds came from: the tuning table's entry, or the built-in defaults.
+        self.tuning_source: str = self._op.tuning_source
         # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
         # NCCL fallback) and for a threshold a call can reach.
         bt_built = self._comm.tp > 1 and self._comm.peers_reachable

@@ -13,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "mhccl/all_gather.h"
@@ -23,6 +24,7 @@
 #include "mhccl/fp8_groups.h"
 #include "mhccl/info.h"
 #include "mhccl/mxfp8.h"
+#include "tune/verify.h"
 
 namespace nb = nanobind;
 
@@ -82,6 +84,21 @@ mhccl::Protocol parse_protocol(const std::string& p) {
   throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
                      "protocol: expected 'auto', 'one-shot', 'two-shot' or 'nccl', got '" + p + "'");
 }
+
+// The self-test's device and stream, the caller's current device restored after it.
+struct SelfTestStream {
+  int previous = 0;
+  cudaStream_t stream = nullptr;
+  explicit SelfTestStream(int device) {
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  }
+  ~SelfTestStream() {
+    if (stream) cudaStreamDestroy(stream);
+    cudaSetDevice(previous);
+  }
+};
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
@@ -243,12 +260,13 @@ NB_MODULE(_mhccl, m) {
                           bool residual_only, int64_t two_shot_min_rows,
                           int64_t two_shot_min_finalize_rows, int64_t nccl_min_rows,
                           int64_t nccl_min_finalize_rows, bool enable_pdl,
-                          bool quantize_layer_input_fp8, bool fp8_ue8m0_scales) {
-             const auto cfg = make_config(hidden_size, hc_mult, max_num_tokens, top_k,
+                          bool quantize_layer_input_fp8, bool fp8_ue8m0_scales, const std::string& tuning_file) {
+             auto cfg = make_config(hidden_size, hc_mult, max_num_tokens, top_k,
                                           quantize_layer_input, residual_only, two_shot_min_rows,
                                           two_shot_min_finalize_rows, nccl_min_rows,
                                           nccl_min_finalize_rows, enable_pdl,
                                           quantize_layer_input_fp8, fp8_ue8m0_scales);
+             cfg.tuning_file = tuning_file;  // a tuning table (docs/TUNING.md); "": MHCCL_TUNING_FILE
              nb::gil_scoped_release release;
              new (self) mhccl::AllReduceMHC(comm, cfg);
            },
@@ -257,7 +275,7 @@ NB_MODULE(_mhccl, m) {
            nb::arg("two_shot_min_rows") = 0, nb::arg("two_shot_min_finalize_rows") = 0,
            nb::arg("nccl_min_rows") = 0, nb::arg("nccl_min_finalize_rows") = 0,
            nb::arg("enable_pdl") = true, nb::arg("quantize_layer_input_fp8") = false,
-           nb::arg("fp8_ue8m0_scales") = false, nb::keep_alive<1, 2>())
+           nb::arg("fp8_ue8m0_scales") = false, nb::arg("tuning_file") = "", nb::keep_alive<1, 2>())
       .def("call", [](mhccl::AllReduceMHC& op, const Array& x, const Array& residual, const Array& post,
                       const Array& comb, const MaybeArray& pre, const MaybeArray& norm_weight, double eps,
                       const Array& residual_out, const MaybeArray& layer_input, const MaybeArray& values,
@@ -303,6 +321,7 @@ NB_MODULE(_mhccl, m) {
       .def("protocol_for", [](const mhccl::AllReduceMHC& op, int64_t m, bool finalize) {
              return std::string(mhccl::protocol_name(op.protocol_for(m, finalize)));
            }, nb::arg("m"), nb::arg("finalize") = false)
+      .def_prop_ro("tuning_source", [](const mhccl::AllReduceMHC& op) { return op.tuning_source(); })
       .def_prop_ro("two_shot_min_rows", [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_rows; })
       .def_prop_ro("two_shot_min_finalize_rows",
                    [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_finalize_rows; })
@@ -367,4 +386,24 @@ NB_MODULE(_mhccl, m) {
   m.def("all_gather_accepts", [](int64_t capacity, const Array& in) {
           return mhccl::all_gather_accepts(capacity, *View(in).get());
         }, nb::arg("rank_capacity_bytes"), nb::arg("inp"));
+  // The deployment self-test (python -m mhccl.selftest; tools/tune/verify.h): collective over the
+  // communicator's group. Returns (ok, report, first_failure).
+  m.def("self_test", [](mhccl::Communicator& comm, int64_t hidden_size, int hc_mult, int top_k,
+                        const std::vector<std::string>& variants, const std::vector<int64_t>& ms,
+                        const std::string& tuning_file, bool print) {
+          mhccl::tune::VerifyOptions o;
+          o.hidden = hidden_size;
+          o.hc = hc_mult;
+          o.top_k = top_k;
+          o.variants = variants;
+          if (!ms.empty()) o.ms = ms;
+          o.tuning_file = tuning_file;
+          o.print = print;
+          nb::gil_scoped_release release;
+          SelfTestStream guard(comm.device());
+          const mhccl::tune::VerifyResult r = mhccl::tune::verify(comm, guard.stream, o);
+          return std::make_tuple(r.ok, r.report, r.first_failure);
+        }, nb::arg("comm"), nb::arg("hidden_size") = 5120, nb::arg("hc_mult") = 4, nb::arg("top_k") = 6,
+        nb::arg("variants") = std::vector<std::string>{}, nb::arg("ms") = std::vector<int64_t>{},
+        nb::arg("tuning_file") = "", nb::arg("print") = true);
 }

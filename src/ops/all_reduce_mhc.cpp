@@ -6,6 +6,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 #include "mhccl/fp8_groups.h"
+#include "ops/tuning.h"
 
 namespace mhccl {
 
@@ -37,30 +39,31 @@ using kernels::ConsumerVariant;
 using kernels::PublishDest;
 using kernels::PublishParams;
 
-// Rows from which two-shot is used (docs/PERFORMANCE-HISTORY.md). TP=2, measured on 2 x H200
-// (2026-11-30, CUDA graphs): one-shot and two-shot move the same NVLink bytes ((tp - 1) vs
-// 2 (tp - 1) / tp rows per row). For call, two-shot measured 1-3% faster than the CTA-per-row
-// one-shot from 512 rows (3ae0b92), within run-to-run noise below 2048: the threshold is 2048.
-// Since ffb6213 one-shot streams from 1024 rows (not yet measured at TP=2), which may move it. For
-// finalize it never pays: its publish gathers top_k GEMM2 rows from HBM, which one-shot hides
-// under the NVLink stores and two-shot serializes before the owners' reduce (17% slower at
-// 2048-8192): finalize stays one-shot, so the one-shot mailbox holds max_num_tokens rows.
-// TP=4/8 are extrapolated from the byte counts until measured (issue 8): two-shot moves half
-// (TP=4) or a quarter (TP=8) of the bytes.
-constexpr int64_t kNever = std::numeric_limits<int64_t>::max();  // a threshold never reached
-// CTAs that publish in a streaming Lamport call (call, finalize; one-shot and two-shot), and
-// two-shot's owner CTAs: enough that this rank's rows leave at the NVLink rate while the other
-// CTAs consume (docs/PERFORMANCE-HISTORY.md).
-constexpr int kDefaultPublisherCtas = 16;
-constexpr int kDefaultFinalizePublisherCtas = 40;
-constexpr int kDefaultReducerCtas = 16;
-int64_t default_two_shot_min_rows(int tp, bool finalize) {
-  switch (tp) {
-    case 1: return kNever;  // lamport_self_test: the one-shot mailbox holds every row
-    case 2: return finalize ? kNever : 2048;
-    case 4: return finalize ? 512 : 384;
-    default: return finalize ? 256 : 192;
+// The built-in thresholds and launch shapes are the built-in tuning table's
+// (src/ops/tuning_builtin.json: where each number comes from); a caller's table
+// (AllReduceMHCConfig::tuning_file, MHCCL_TUNING_FILE) overrides them (src/ops/tuning.h).
+constexpr int64_t kNever = tuning::kNever;  // a threshold never reached
+
+// This op's key in the tuning tables: this rank's GPU and NCCL, the group, the variant built.
+tuning::Key tuning_key(const AllReduceMHCConfig& cfg, const Communicator::Impl& c) {
+  tuning::Key k;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, c.device) == cudaSuccess) {
+    k.gpu = prop.name;
+    k.sms = prop.multiProcessorCount;
   }
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess) {
+    k.nccl = std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100);
+  }
+  k.p2p = tuning::p2p_key(c.tp, c.reachable, cfg.lamport_self_test);
+  k.tp = c.tp;
+  k.hidden = cfg.hidden_size;
+  k.hc = cfg.hc_mult;
+  k.variant = tuning::variant_key(cfg);
+  k.top_k = cfg.top_k;
+  k.mhccl = tuning::library_version();
+  return k;
 }
 
 const void* data_of(const DLTensor* t) {
@@ -88,40 +91,43 @@ struct AllReduceMHC::Impl {
   // Streaming Lamport calls (one-shot above the single launch, two-shot): CTAs of the grid that
   // publish this rank's rows (call, finalize: finalize's publish gathers top_k GEMM2 rows a row
   // from HBM), and two-shot's CTAs of the owners' reduce.
-  int publisher_ctas[2] = {kDefaultPublisherCtas, kDefaultFinalizePublisherCtas};
-  int reducer_ctas = kDefaultReducerCtas;
+  int publisher_ctas[2] = {0, 0};
+  int reducer_ctas = 0;
+  tuning::Resolved resolved;  // the configuration as agreed, and where its values came from
 
   ~Impl() {
     if (comm) comm->release({states, fallback_rows});
   }
 
-  // The configuration checked (check_all_reduce_mhc_config) and resolved: default thresholds,
-  // and the launch-shape overrides of the environment. Throws on a bad value.
+  // The configuration checked (check_all_reduce_mhc_config) and resolved (src/ops/tuning.h):
+  // explicit values, the launch-shape variables of benchmark sweeps, the caller's tuning table,
+  // the built-in one. Throws on a bad value or a malformed table.
   void configure(const AllReduceMHCConfig& config) {
     check_all_reduce_mhc_config(config, comm->tp);
-    cfg = config;
-    if (cfg.two_shot_min_rows == 0) cfg.two_shot_min_rows = default_two_shot_min_rows(comm->tp, false);
-    if (cfg.two_shot_min_finalize_rows == 0) {
-      cfg.two_shot_min_finalize_rows = default_two_shot_min_rows(comm->tp, true);
-    }
-    // The NCCL path in the automatic choice: never by default. NCCL's wait for a dead peer has no
-    // budget (no kPeerTimeout, I12), which the Lamport paths promise; a caller who trades that for
-    // speed sets nccl_min_rows (TP=2 call from 4096 measured faster: docs/PERFORMANCE-HISTORY.md).
-    if (cfg.nccl_min_rows == 0) cfg.nccl_min_rows = kNever;
-    if (cfg.nccl_min_finalize_rows == 0) cfg.nccl_min_finalize_rows = kNever;
-    np = static_cast<int>(cfg.hidden_size / 8);
     // Benchmark A/B only, set alike on every rank (agreed at construction like the config): CTAs
     // a row, whether the consumers stream, and the role CTAs of a streaming Lamport call
     // (publishers: call and finalize, one-shot and two-shot alike; two-shot's owners).
+    tuning::EnvOverrides env;
     long long v = 0;
-    if (detail::env_int("MHCCL_CTAS_PER_ROW", 0, kernels::kMaxCtasPerRow, &v)) ctas_per_row = static_cast<int>(v);
-    if (detail::env_int("MHCCL_STREAMING_MIN_ROWS", -1, std::numeric_limits<int32_t>::max(), &v)) {
-      cfg.streaming_min_rows = v;
+    if (detail::env_int("MHCCL_CTAS_PER_ROW", 0, kernels::kMaxCtasPerRow, &v)) env.ctas_per_row = v;
+    if (detail::env_int("MHCCL_STREAMING_MIN_ROWS", -1, std::numeric_limits<int32_t>::max(), &v)) env.streaming_min_rows = v;
+    if (detail::env_int("MHCCL_STREAM_PUBLISHERS", 1, 1024, &v)) env.publisher_ctas = v;
+    if (detail::env_int("MHCCL_STREAM_REDUCERS", 1, 1024, &v)) env.reducer_ctas = v;
+    std::string path = config.tuning_file;
+    if (path.empty()) {
+      const char* e = std::getenv("MHCCL_TUNING_FILE");
+      if (e != nullptr) path = e;
     }
-    if (detail::env_int("MHCCL_STREAM_PUBLISHERS", 1, 1024, &v)) {
-      publisher_ctas[0] = publisher_ctas[1] = static_cast<int>(v);
-    }
-    if (detail::env_int("MHCCL_STREAM_REDUCERS", 1, 1024, &v)) reducer_ctas = static_cast<int>(v);
+    std::optional<tuning::Table> table;
+    if (!path.empty()) table = tuning::load_table(path);
+    resolved = tuning::resolve(config, tuning_key(config, *comm), env, table ? &*table : nullptr);
+    resolved.cfg.tuning_file = path;
+    cfg = resolved.cfg;
+    ctas_per_row = resolved.ctas_per_row;
+    publisher_ctas[0] = resolved.publisher_ctas[0];
+    publisher_ctas[1] = resolved.publisher_ctas[1];
+    reducer_ctas = resolved.reducer_ctas;
+    np = static_cast<int>(cfg.hidden_size / 8);
   }
 
   int64_t threshold(bool finalize) const {
@@ -134,7 +140,9 @@ struct AllReduceMHC::Impl {
   // TP=1 with AllReduceMHCConfig::lamport_self_test: a forced Lamport protocol runs through this
   // rank's own mailbox.
   bool self_mailbox(Protocol forced) const {
-    return comm->tp == 1 && cfg.lamport_self_test && (forced == Protocol::kOneShot || forced == Protocol::kTwoShot);
+    return comm->tp == 1 && cfg.lamport_self_test &&
+           (forced == Protocol::kOneShot || forced == Protocol::kTwoShot ||
+            (forced == Protocol::kAuto && cfg.lamport_self_test_auto));
   }
 
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
@@ -156,7 +164,7 @@ struct AllReduceMHC::Impl {
     }
     Protocol p = forced;
     if (p == Protocol::kAuto) {
-      p = m >= nccl_threshold(finalize) ? Protocol::kNccl
+      p = m >= nccl_threshold(finalize) && comm->tp > 1 ? Protocol::kNccl
           : m >= threshold(finalize)    ? Protocol::kTwoShot
                                         : Protocol::kOneShot;
     }
@@ -277,7 +285,7 @@ struct AllReduceMHC::Impl {
   // MHCCL_DEBUG=INFO: how an automatic call of m rows runs, in words.
   std::string launch_text(int64_t m, bool finalize, ConsumerVariant variant) const {
     const Protocol proto = resolve(m, finalize, Protocol::kAuto);
-    const bool direct = comm->tp == 1;
+    const bool direct = comm->tp == 1 && !self_mailbox(Protocol::kAuto);
     const Shape s = shape(m, finalize, variant, proto, direct);
     const ConsumerParams& cp = s.cp;
     std::string t = direct ? "direct (TP=1), one launch" : protocol_name(proto);
@@ -486,30 +494,10 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   } catch (const Error&) {
     local_error = std::current_exception();
   }
-  const AllReduceMHCConfig& cfg = im.cfg;
-  c.agree("AllReduceMHC",
-          {{"hidden_size", cfg.hidden_size},
-           {"hc_mult", cfg.hc_mult},
-           {"max_num_tokens", cfg.max_num_tokens},
-           {"top_k", cfg.top_k},
-           {"quantize_layer_input", cfg.quantize_layer_input},
-           {"quantize_layer_input_fp8", cfg.quantize_layer_input_fp8},
-           {"fp8_ue8m0_scales", cfg.fp8_ue8m0_scales},
-           {"residual_only", cfg.residual_only},
-           {"two_shot_min_rows", cfg.two_shot_min_rows},
-           {"two_shot_min_finalize_rows", cfg.two_shot_min_finalize_rows},
-           {"nccl_min_rows", cfg.nccl_min_rows},
-           {"nccl_min_finalize_rows", cfg.nccl_min_finalize_rows},
-           {"enable_pdl", cfg.enable_pdl},
-           {"single_launch_max_rows", cfg.single_launch_max_rows},
-           {"streaming_min_rows (or MHCCL_STREAMING_MIN_ROWS)", cfg.streaming_min_rows},
-           {"lamport_self_test", cfg.lamport_self_test},
-           {"MHCCL_CTAS_PER_ROW", im.ctas_per_row},
-           {"MHCCL_STREAM_PUBLISHERS (call)", im.publisher_ctas[0]},
-           {"MHCCL_STREAM_PUBLISHERS (finalize)", im.publisher_ctas[1]},
-           {"MHCCL_STREAM_REDUCERS", im.reducer_ctas},
-           {"force_nccl_fallback", c.options.force_nccl_fallback}},
-          local_error);
+  // Every field of the configuration, the resolved thresholds and launch shapes among them
+  // (tuning::agreement_fields): ranks whose tuning tables differ raise here, naming the field.
+  if (local_error) im.resolved.cfg = config;  // a rank whose configure failed still agrees on its fields
+  c.agree("AllReduceMHC", tuning::agreement_fields(im.resolved, c.options.force_nccl_fallback), local_error);
   // After the agreement a failure on this rank leaves its peers in a later collective (they
   // raise kPeerTimeout within the budget): this rank's communicator is out of step with theirs
   // from then on, so it becomes unusable too.
@@ -544,6 +532,7 @@ void AllReduceMHC::Impl::report_construction() const {
                                                                : ConsumerVariant::kPlain;
   static constexpr const char* kVariantNames[] = {"plain", "mxfp8", "residual-only", "fp8"};
   std::ostringstream t;
+  t << "tuning: " << resolved.source << "\n";
   t << "H=" << cfg.hidden_size << " hc=" << cfg.hc_mult << " max_num_tokens=" << cfg.max_num_tokens
     << " top_k=" << cfg.top_k << ", variants: plain" << (cfg.quantize_layer_input ? ", mxfp8" : "")
     << (cfg.quantize_layer_input_fp8 ? (cfg.fp8_ue8m0_scales ? ", fp8 (UE8M0 scales)" : ", fp8") : "")
@@ -656,6 +645,8 @@ Protocol AllReduceMHC::protocol_for(int64_t m, bool finalize) const {
 }
 
 const AllReduceMHCConfig& AllReduceMHC::config() const { return impl_->cfg; }
+
+const std::string& AllReduceMHC::tuning_source() const { return impl_->resolved.source; }
 
 size_t AllReduceMHC::mailbox_bytes() const { return impl_->mailbox_bytes_total(); }
 

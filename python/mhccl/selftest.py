@@ -1,0 +1,88 @@
+"""The deployment self-test: ``python -m mhccl.selftest`` (or ``torchrun --nproc-per-node N -m
+mhccl.selftest`` over a group), or ``mhccl.selftest.run(group)`` from an engine at start-up.
+
+Over the group (alone: TP=1 on the local GPU, the Lamport paths through its own mailbox), for
+each path (one-shot and two-shot, streaming on and off, NCCL at TP=2, the automatic choice) and
+variant at a few M, the fused op is checked against the CPU reference and the ranks' bits
+against each other: the C++ self-test ``mhccl-tune --verify`` runs (tools/tune/verify.h). Exit
+code 0 when every case passes, 1 with the reason when one fails (or the extension cannot be
+loaded), 2 when there is no CUDA device (the message carries CUDA's own reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, List, Optional, Sequence, Tuple
+
+
+def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mult: int = 4, top_k: int = 6,
+        variants: Optional[Sequence[str]] = None, ms: Optional[Sequence[int]] = None, tuning_file: str = "",
+        print_cases: bool = True) -> Tuple[bool, str, str]:
+    """Runs the self-test over ``group`` (as ``AllReduceMHC``'s ``group=``: None is the engine's
+    TP group, else torch.distributed's world group, else TP=1) on ``device`` (default: this
+    rank's ``LOCAL_RANK``, else 0). Collective: every rank of the group calls it alike.
+
+    Returns:
+        (ok, report, first_failure): whether every case passed, one line a case and the verdict,
+        and the first failing case with its reason ("" when none failed).
+
+    Raises:
+        mhccl.Error (a RuntimeError): no CUDA device (the message says CUDA's reason), NCCL or
+            CUDA failures; ValueError: a variant H does not allow.
+    """
+    from . import _api
+
+    lib = _api._lib()
+    if device is None:
+        device = int(os.environ.get("LOCAL_RANK", "0"))
+    comm = _api._communicator(group, _api._device_index(device))
+    return lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []), [int(m) for m in (ms or [])],
+                         tuning_file, print_cases)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mhccl.selftest", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=int, default=5120, help="H (default 5120)")
+    p.add_argument("--hc", type=int, default=4, help="hc (default 4)")
+    p.add_argument("--top-k", type=int, default=6, help="top_k of finalize (default 6)")
+    p.add_argument("--variants", default="", help="comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 "
+                                                  "(default: every variant H allows)")
+    p.add_argument("--ms", default="", help="comma list of M (default 1,7,97,300)")
+    p.add_argument("--tuning-file", default="", help="build the automatic path's op with this tuning table")
+    p.add_argument("--device", type=int, default=None, help="CUDA device (default: LOCAL_RANK, else 0)")
+    a = p.parse_args(argv)
+    group = None
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the world group
+            import torch
+            import torch.distributed as dist
+
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            if torch.cuda.is_available():
+                torch.cuda.set_device(local)
+            if not dist.is_initialized():
+                dist.init_process_group("nccl")
+        ok, _, first = run(group, a.device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
+                           variants=[v for v in a.variants.split(",") if v],
+                           ms=[int(m) for m in a.ms.split(",") if m], tuning_file=a.tuning_file)
+    except RuntimeError as e:
+        msg = str(e)
+        if "no CUDA device" in msg:
+            print(f"mhccl.selftest: no CUDA device: {msg}", file=sys.stderr)
+            return 2
+        print(f"mhccl.selftest: FAILED: {msg}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"mhccl.selftest: {e}", file=sys.stderr)
+        return 1
+    if not ok:
+        print(f"mhccl.selftest: FAILED: {first}", file=sys.stderr)
+        return 1
+    print("mhccl.selftest: PASSED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

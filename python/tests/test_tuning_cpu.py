@@ -1,0 +1,105 @@
+"""The tuning table's Python face and the self-test, without a GPU: ``tuning_file=`` reaches the
+C++ constructor (docs/TUNING.md), and ``python -m mhccl.selftest`` says "no CUDA device" with
+CUDA's own reason and exits non-zero."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mhccl
+from mhccl import _api
+
+
+class _FakeComm:
+    tp = 1
+    peers_reachable = False
+
+
+class _FakeOp:
+    def __init__(self, comm, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        self.two_shot_min_rows = 2**63 - 1
+        self.two_shot_min_finalize_rows = 2**63 - 1
+        self.tuning_source = "tuning table " + kwargs.get("tuning_file", "")
+
+
+class _FakeLib:
+    ops = []
+
+    def check_config(self, *args, **kwargs):
+        pass
+
+    def unique_id(self):
+        return bytes(128)
+
+    def Communicator(self, *args, **kwargs):
+        return _FakeComm()
+
+    def AllReduceMHC(self, *args, **kwargs):
+        op = _FakeOp(*args, **kwargs)
+        self.ops.append(op)
+        return op
+
+
+@pytest.fixture
+def fake_lib(monkeypatch):
+    lib = _FakeLib()
+    monkeypatch.setattr(_api, "_EXT", lib)
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
+    monkeypatch.setattr(_api._ops, "ensure_registered", lambda: None)
+    monkeypatch.setattr(_api, "_device_index", lambda d: 0)
+    return lib
+
+
+def _build(**kw):
+    return mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0, **kw)
+
+
+def test_tuning_file_reaches_the_constructor(fake_lib, tmp_path):
+    path = str(tmp_path / "table.json")
+    op = _build(tuning_file=path)
+    assert fake_lib.ops[-1].kwargs["tuning_file"] == path
+    assert op.tuning_source == "tuning table " + path
+    _build(tuning_file=tmp_path / "table.json")  # an os.PathLike too
+    assert fake_lib.ops[-1].kwargs["tuning_file"] == path
+    _build()
+    assert fake_lib.ops[-1].kwargs["tuning_file"] == ""  # the default: MHCCL_TUNING_FILE, if set
+
+
+def test_tuning_file_of_the_wrong_type_is_named(fake_lib):
+    with pytest.raises(TypeError, match="tuning_file: expected a str"):
+        _build(tuning_file=3)
+
+
+def test_the_extension_takes_tuning_file():
+    ext = pytest.importorskip("mhccl._mhccl")
+    assert "tuning_file" in ext.AllReduceMHC.__init__.__doc__
+    assert "self_test" in dir(ext)
+
+
+def _cuda_devices():
+    try:
+        from mhccl import _mhccl
+
+        _mhccl.Communicator(bytes(128), 0, 1, 0)
+    except RuntimeError as e:
+        if "no CUDA device" in str(e):
+            return 0, str(e)
+    except Exception:
+        pass
+    return 1, ""
+
+
+def test_selftest_without_a_gpu_says_why():
+    pytest.importorskip("mhccl._mhccl")
+    count, why = _cuda_devices()
+    if count:
+        pytest.skip("a CUDA device is present (the GPU machine runs the self-test itself)")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MHCCL_TUNING_FILE")}
+    out = subprocess.run([sys.executable, "-m", "mhccl.selftest"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "mhccl.selftest: no CUDA device" in out.stderr, out.stderr
+    reason = why[why.index("(") + 1:why.rindex(")")]  # CUDA's own reason, as the Communicator gives it
+    assert reason and reason in out.stderr, (reason, out.stderr)
