@@ -373,11 +373,13 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
     uint4 v[kMaxTp];
 #pragma unroll
     for (int r = 0; r < kMaxTp; ++r) if (r < tp) v[r] = ld_volatile(slot + r * slot_packs);
+    arrived = wait_slots<Bf16Lanes, kMaxTp>(
+        tp, [&](int r) -> uint4& { return v[r]; }, [&](int r) { return slot + r * slot_packs; }, err,
+        WaitSite{kProtoTwoShotOwner, -1, gen, row, state}, [](int r) { return r; },
+        header_poll(hdr != nullptr, &header, [&] { return hdr; }));
 #pragma unroll
     for (int r = 0; r < kMaxTp; ++r) {
       if (r >= tp) continue;
-      arrived &= wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row, state},
-                                      header_poll(hdr != nullptr, &header, [&] { return hdr; }));
       float f[8];
       unpack_bf16(v[r], f);
 #pragma unroll
@@ -682,13 +684,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       uint4 v[kMaxTp];
 #pragma unroll
       for (int r = 0; r < kMaxTp; ++r) if (r < p.nslots) v[r] = ld_volatile(slot + r * slot_packs);
+      wait_slots<Bf16Lanes, kMaxTp>(
+          p.nslots, [&](int r) -> uint4& { return v[r]; }, [&](int r) { return slot + r * slot_packs; },
+          consumer_sink(p), WaitSite{p.protocol, -1, g.current, row, p.state},
+          [&](int r) { return p.nslots > 1 ? r : static_cast<int>(row % p.tp); },
+          header_poll(checks_header, &header, header_at));
 #pragma unroll
       for (int r = 0; r < kMaxTp; ++r) {
         if (r >= p.nslots) continue;
-        const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p),
-                             WaitSite{p.protocol, peer, g.current, row, p.state},
-                             header_poll(checks_header, &header, header_at));
         float f[8];
         unpack_bf16(v[r], f);
 #pragma unroll
@@ -953,14 +956,19 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
 #pragma unroll
         for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
       }
+      if constexpr (IN == ConsumerInput::kPoll) {
+        // Every source's pack of the row at once (the staged copies, re-loaded in place).
+        uint4* const staged = stage_packs + stage * stage_stride + HC * threads + pack;
+        wait_slots<Bf16Lanes, kMaxTp>(
+            inputs, [&](int r) -> uint4& { return staged[r * threads]; },
+            [&](int r) { return slots + r * slot_packs + row * np + pack; }, consumer_sink(p),
+            WaitSite{p.protocol, -1, gen, row, p.state},
+            [&](int r) { return p.nslots > 1 ? r : static_cast<int>(row % p.tp); },
+            header_poll(pack < inputs, &headers[stage][pack < inputs ? pack : 0], [&] { return header_of(row, pack); }));
+      }
       for (int r = 0; r < inputs; ++r) {
         uint4 v = st[(HC + r) * threads + pack];
-        if constexpr (IN == ConsumerInput::kPoll) {
-          const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
-                               WaitSite{p.protocol, peer, gen, row, p.state},
-                               header_poll(pack < inputs, &headers[stage][pack < inputs ? pack : 0], [&] { return header_of(row, pack); }));
-        } else if constexpr (IN == ConsumerInput::kFinalize) {
+        if constexpr (IN == ConsumerInput::kFinalize) {
           // x = bf16(sum_k w[k] * gemm2[route[k]] + shared): finalize_pack's order and bits (v
           // holds the shared expert's pack). The residual streams are read from shared memory
           // only after it (registers).

@@ -296,6 +296,52 @@ __device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const Erro
   return wait_slot<Lanes>(static_cast<const uint4*>(slot), v, e, site, poll_beside);
 }
 
+// The bounded wait over a unit's n <= kN slots at once (a pack of each source): `val(r)` is
+// where this thread holds slot r's latest load (a register of an unrolled array, or shared
+// memory), made by the caller for every r first; `slot_of(r)` its address. Each spin re-loads
+// every slot still holding a sentinel lane, all in flight together, so a wait for tp sources
+// costs the latest one's round trip, not one round trip a source (a wait_slot a source waits
+// for each in turn, and re-polls source r + 1 only once source r arrived), and the spin loop is
+// one copy in the kernel's code, not kN (one H200, 2026-12-03: the one-shot consumer's code
+// was 5184 SASS instructions at hc = 4 with one wait_slot a source). The fault word and the
+// clock go as in wait_slot; an expired budget names the lowest source still missing
+// (`peer_of(r)`: its rank). Returns whether every slot arrived.
+template <class Lanes, int kN, class Val, class SlotOf, class PeerOf, class PollBeside = NoPollBeside>
+__device__ __forceinline__ bool wait_slots(int n, Val val, SlotOf slot_of, const ErrorSink& e, WaitSite site,
+                                           PeerOf peer_of, PollBeside poll_beside = {}) {
+  uint32_t missing = 0;
+#pragma unroll
+  for (int r = 0; r < kN; ++r) {
+    if (r < n && Lanes::pending(val(r))) missing |= 1u << r;
+  }
+  if (missing == 0) return true;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+#pragma unroll
+    for (int r = 0; r < kN; ++r) {
+      if (missing & (1u << r)) val(r) = ld_volatile(slot_of(r));
+    }
+    poll_beside();
+#pragma unroll
+    for (int r = 0; r < kN; ++r) {
+      if ((missing & (1u << r)) && !Lanes::pending(val(r))) missing &= ~(1u << r);
+    }
+    if (missing == 0) return true;
+    if (spin % kFaultSpins == 1) {
+      site.peer = peer_of(__ffs(missing) - 1);
+      const uint32_t f = load_fault_coalesced(e);
+      if (f != 0) {
+        record_fault(e, f, site);
+        return false;
+      }
+      if (spin % 256 == 1 && global_timer_ns() - start > e.timeout_ns) {
+        record_timeout(e, site);
+        return false;
+      }
+    }
+  }
+}
+
 // --- Call headers (PROTOCOL.md, I19) ------------------------------------------------------------
 __device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, uint32_t gen) {
   const CallIdentity g = with_generation(id, gen);
