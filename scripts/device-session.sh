@@ -172,8 +172,10 @@ if [[ " $stages " == *" abtree "* ]]; then
     for which in new "${trees[@]}"; do
       bin="$B/tools/bench/mhccl-bench"; [[ $which != new ]] && bin="$which/build-old/tools/bench/mhccl-bench"
       tag=${which//[\/.]/}
+      # The commit each build's JSON records: a tree's own (.ab-<commit>: its name), not this one's.
+      commit=$MHCCL_COMMIT; [[ $which != new ]] && commit=${tag#ab-}
       stamp "abtree: $which ($i)"
-      timeout ${AB_TIMEOUT:-150} "$bin" ${AB_ARGS:---tp 1 --ops allreduce,twoshot --no-check} \
+      MHCCL_COMMIT=$commit timeout ${AB_TIMEOUT:-150} "$bin" ${AB_ARGS:---tp 1 --ops allreduce,twoshot --no-check} \
         --json "$OUT/abtree-$tag-$i.json" > "$OUT/abtree-$tag-$i.log" 2>&1
       echo "bench rc=$?"
       grep -E "^  (call|finalize) +(plain|mxfp8|residual_only) +(1|8|64|128|1024|4096) " "$OUT/abtree-$tag-$i.log" | awk -v w="$tag$i" '{print w, $0}' | head -${AB_LINES:-40}

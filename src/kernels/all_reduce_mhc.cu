@@ -307,23 +307,32 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   }
 }
 
-// Two-shot owner, warp 0 of the CTA of owned unit u (owned row j, part), every lane, converged:
-// lane s < tp checks source s's contribution header; where every one arrived and matched this
-// rank's identity `want` and no fault stands, lane 0 stores this owner's header of the reduced
-// unit (row j * tp + rank, part) into every rank's reduced buffer. A consumer waits for that
-// header, so none completes on a reduced row built from another call's contribution without an
-// error (its wait ends at the fault the mismatch raised).
-__device__ __forceinline__ void owner_headers(const void* contributions, void* const (&reduced)[kMaxTp], int tp, int rank,
-                                              int64_t owner_rows, int64_t reduced_rows, int np, int64_t j, int part,
-                                              int ctas_per_row, uint4 want, const Generation& g,
-                                              const LamportState* state, const ErrorSink& err) {
+// Two-shot owner, the call header of source `lane` (lane < tp of warp 0) for owned unit (owned
+// row j, part): where it is in the owner's contributions (nullptr for the other threads).
+__device__ __forceinline__ uint4* owner_header_at(const void* contributions, int tp, int64_t owner_rows, int np,
+                                                  int64_t j, int part, int ctas_per_row, uint32_t gen) {
+  const int lane = static_cast<int>(threadIdx.x);
+  if (lane >= tp) return nullptr;
+  return const_cast<uint4*>(static_cast<const uint4*>(contributions)) +
+         header_offset(gen, tp, lane, owner_rows, np, j * ctas_per_row + part);
+}
+
+// Two-shot owner, warp 0 of the CTA of owned unit u (owned row j, part), every lane, converged,
+// once the unit's contributions arrived (owner_reduce_pack's before_publish): lane s < tp checks
+// source s's contribution header (at `hdr`, `v` its latest load); where every one arrived and matched this rank's identity `want`
+// and no fault stands, lane 0 stores this owner's header of the reduced unit (row j * tp + rank,
+// part) into every rank's reduced buffer. A consumer waits for that header, so none completes
+// on a reduced row built from another call's contribution without an error (its wait ends at
+// the fault the mismatch raised).
+__device__ __forceinline__ void owner_headers(uint4* hdr, uint4 v, void* const (&reduced)[kMaxTp], int tp, int rank,
+                                              int64_t reduced_rows, int np, int64_t j, int part, int ctas_per_row,
+                                              uint4 want, const Generation& g, const LamportState* state,
+                                              const ErrorSink& err) {
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t row = j * tp + rank;
   bool ok = true;
   if (lane < tp) {
-    uint4* hdr = const_cast<uint4*>(static_cast<const uint4*>(contributions)) +
-                 header_offset(g.current, tp, lane, owner_rows, np, j * ctas_per_row + part);
-    ok = check_header<Bf16Lanes>(hdr, ld_volatile(hdr), want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, row, state});
+    ok = check_header<Bf16Lanes>(hdr, v, want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, row, state});
   }
   ok = __all_sync(0xFFFFFFFFu, ok);
   if (lane == 0 && ok && may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, g.current, row, state})) {
@@ -340,32 +349,47 @@ __device__ __forceinline__ void owner_headers(const void* contributions, void* c
 // every rank's reduced buffer [gen][reduced_rows][np] (`reduced`: tp bases).
 // A reduced row goes out only when every contribution arrived and no fault stands: an owner
 // never stores a row that misses a rank's contribution (its peers would consume it as right).
+// `active`: whether this thread has a pack (pack < np); every thread of warp 0 calls it, with or
+// without one. The unit's call headers (warp 0, lane s < tp: source s's, at `hdr`; nullptr for
+// the other threads) are loaded before the contributions and re-loaded by their polls while
+// stale (wait_slot), so that their round trip overlaps the contributions'; `before_publish`
+// (warp 0, converged: owner_headers) checks them and stores this owner's header between the
+// wait and the reduced pack's stores.
+template <class BeforePublish>
 __device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
                                                   int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
-                                                  int np, int pack, const Generation& g, const LamportState* state,
-                                                  const ErrorSink& err) {
+                                                  int np, int pack, bool active, const Generation& g,
+                                                  const LamportState* state, const ErrorSink& err, const uint4* hdr,
+                                                  BeforePublish before_publish) {
   const uint32_t gen = g.current;
   const int64_t slot_packs = owner_rows * np;
   const int64_t row = j * tp + rank;
   const uint4* slot = static_cast<const uint4*>(contributions) +
                       (static_cast<int64_t>(gen) * tp * owner_rows + j) * np + pack;
-  uint4 v[kMaxTp];
-#pragma unroll
-  for (int r = 0; r < kMaxTp; ++r) if (r < tp) v[r] = ld_volatile(slot + r * slot_packs);
+  uint4 header = hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel();
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   bool arrived = true;
+  if (active) {
+    uint4 v[kMaxTp];
 #pragma unroll
-  for (int r = 0; r < kMaxTp; ++r) {
-    if (r >= tp) continue;
-    arrived &= wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], err, WaitSite{kProtoTwoShotOwner, r, gen, row, state});
-    float f[8];
-    unpack_bf16(v[r], f);
+    for (int r = 0; r < kMaxTp; ++r) if (r < tp) v[r] = ld_volatile(slot + r * slot_packs);
+    arrived = wait_slots<Bf16Lanes, kMaxTp>(
+        tp, [&](int r) -> uint4& { return v[r]; }, [&](int r) { return slot + r * slot_packs; }, err,
+        WaitSite{kProtoTwoShotOwner, -1, gen, row, state}, [](int r) { return r; },
+        header_poll(hdr != nullptr, &header, [&] { return hdr; }));
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
+    for (int r = 0; r < kMaxTp; ++r) {
+      if (r >= tp) continue;
+      float f[8];
+      unpack_bf16(v[r], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(acc[e], f[e]);
+    }
   }
+  before_publish(header);
   // Every contribution arrived (a failed wait recorded why and raised the fault), and no fault
   // stood when the kernel read the state.
-  if (!arrived || !may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
+  if (!active || !arrived || !may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
@@ -386,13 +410,18 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   if (row >= p.m) return;  // the whole CTA
-  if (threadIdx.x < 32) {
-    owner_headers(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, p.np, rp.row, rp.part,
-                  p.tiling.ctas_per_row, identity_pack(p.id, g.current), g, p.state, p.err);
-  }
-  if (!rp.active) return;
-  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, g,
-                    p.state, p.err);
+  const bool warp0 = threadIdx.x < 32;
+  if (!warp0 && !rp.active) return;
+  uint4* const hdr = warp0 ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, rp.row, rp.part,
+                                             p.tiling.ctas_per_row, g.current)
+                           : nullptr;
+  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, rp.active,
+                    g, p.state, p.err, hdr, [&](uint4 header) {
+                      if (warp0) {
+                        owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, rp.row, rp.part,
+                                      p.tiling.ctas_per_row, identity_pack(p.id, g.current), g, p.state, p.err);
+                      }
+                    });
 }
 
 // y = bf16(y) for the reduced pack summed over `inputs` BF16 slots. A sum of one BF16 input
@@ -635,7 +664,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 
   // The peers' call headers of this CTA's unit (PROTOCOL.md, I19): thread s < nslots checks
-  // source s's (two-shot: the row's owner's), its load in flight with the row's packs below.
+  // source s's (two-shot: the row's owner's), its load in flight with the row's packs below, and
+  // re-loaded by their polls while it is stale (wait_slot).
   const bool checks_header = IN == ConsumerInput::kPoll && static_cast<int>(threadIdx.x) < p.nslots;
   auto header_at = [&] {
     return const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
@@ -654,12 +684,14 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
       uint4 v[kMaxTp];
 #pragma unroll
       for (int r = 0; r < kMaxTp; ++r) if (r < p.nslots) v[r] = ld_volatile(slot + r * slot_packs);
+      wait_slots<Bf16Lanes, kMaxTp>(
+          p.nslots, [&](int r) -> uint4& { return v[r]; }, [&](int r) { return slot + r * slot_packs; },
+          consumer_sink(p), WaitSite{p.protocol, -1, g.current, row, p.state},
+          [&](int r) { return p.nslots > 1 ? r : static_cast<int>(row % p.tp); },
+          header_poll(checks_header, &header, header_at));
 #pragma unroll
       for (int r = 0; r < kMaxTp; ++r) {
         if (r >= p.nslots) continue;
-        const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-        wait_slot<Bf16Lanes>(slot + r * slot_packs, v[r], consumer_sink(p),
-                             WaitSite{p.protocol, peer, g.current, row, p.state});
         float f[8];
         unpack_bf16(v[r], f);
 #pragma unroll
@@ -802,16 +834,15 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
   const bool warp0 = pack < 32, active = pack < p.np;  // warp 0 checks the headers (owner_headers)
   if (!warp0 && !active) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
-  const uint4 want = identity_pack(p.id, g.current);
   for (int64_t j = index; j < owned; j += count) {
-    if (warp0) {
-      owner_headers(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, p.np, j, 0, 1, want, g,
-                    p.state, p.err);
-    }
-    if (active) {
-      owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, g,
-                        p.state, p.err);
-    }
+    uint4* const hdr = warp0 ? owner_header_at(p.contributions, p.tp, p.owner_rows, p.np, j, 0, 1, g.current) : nullptr;
+    owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, active, g,
+                      p.state, p.err, hdr, [&](uint4 header) {
+                        if (warp0) {
+                          owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.slot_rows, p.np, j, 0, 1,
+                                        identity_pack(p.id, g.current), g, p.state, p.err);
+                        }
+                      });
   }
 }
 
@@ -925,13 +956,19 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
 #pragma unroll
         for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
       }
+      if constexpr (IN == ConsumerInput::kPoll) {
+        // Every source's pack of the row at once (the staged copies, re-loaded in place).
+        uint4* const staged = stage_packs + stage * stage_stride + HC * threads + pack;
+        wait_slots<Bf16Lanes, kMaxTp>(
+            inputs, [&](int r) -> uint4& { return staged[r * threads]; },
+            [&](int r) { return slots + r * slot_packs + row * np + pack; }, consumer_sink(p),
+            WaitSite{p.protocol, -1, gen, row, p.state},
+            [&](int r) { return p.nslots > 1 ? r : static_cast<int>(row % p.tp); },
+            header_poll(pack < inputs, &headers[stage][pack < inputs ? pack : 0], [&] { return header_of(row, pack); }));
+      }
       for (int r = 0; r < inputs; ++r) {
         uint4 v = st[(HC + r) * threads + pack];
-        if constexpr (IN == ConsumerInput::kPoll) {
-          const int peer = p.nslots > 1 ? r : static_cast<int>(row % p.tp);
-          wait_slot<Bf16Lanes>(slots + r * slot_packs + row * np + pack, v, consumer_sink(p),
-                               WaitSite{p.protocol, peer, gen, row, p.state});
-        } else if constexpr (IN == ConsumerInput::kFinalize) {
+        if constexpr (IN == ConsumerInput::kFinalize) {
           // x = bf16(sum_k w[k] * gemm2[route[k]] + shared): finalize_pack's order and bits (v
           // holds the shared expert's pack). The residual streams are read from shared memory
           // only after it (registers).

@@ -257,13 +257,25 @@ __device__ __forceinline__ uint32_t load_fault_coalesced(const ErrorSink& e) {
 // goes on with whatever it holds, so the kernel ends and the host reports the error.
 // The fault word is read on the first spin and every kFaultSpins after (a fault raised before or
 // during the wait ends it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256.
+// `poll_beside` (optional): called after each re-load of the slot, in the spin loop only. The
+// waits of a unit's first packs pass one that re-loads the unit's call header while the value
+// in hand (a register, or shared memory) is still the sentinel (HeaderPoll), so that
+// check_header finds it arrived instead of polling for it a round trip after the data: its
+// writer stores it before its unit's packs, and a first load of it made with the slot's came back
+// stale whenever the slot's did. Computed inside the loop, its address holds no register
+// across the wait.
+struct NoPollBeside {
+  __device__ __forceinline__ void operator()() const {}
+};
 constexpr uint32_t kFaultSpins = 32;
-template <class Lanes, class T>
-__device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& e, const WaitSite& site) {
+template <class Lanes, class T, class PollBeside = NoPollBeside>
+__device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& e, const WaitSite& site,
+                                          PollBeside poll_beside = {}) {
   if (!Lanes::pending(v)) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t spin = 1;; ++spin) {
     v = ld_volatile(slot);
+    poll_beside();
     if (!Lanes::pending(v)) return true;
     if (spin % kFaultSpins == 1) {
       const uint32_t f = load_fault_coalesced(e);
@@ -278,9 +290,56 @@ __device__ __forceinline__ bool wait_slot(const T* slot, T& v, const ErrorSink& 
     }
   }
 }
-template <class Lanes>
-__device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e, const WaitSite& site) {
-  return wait_slot<Lanes>(static_cast<const uint4*>(slot), v, e, site);
+template <class Lanes, class PollBeside = NoPollBeside>
+__device__ __forceinline__ bool wait_slot(const void* slot, uint4& v, const ErrorSink& e, const WaitSite& site,
+                                          PollBeside poll_beside = {}) {
+  return wait_slot<Lanes>(static_cast<const uint4*>(slot), v, e, site, poll_beside);
+}
+
+// The bounded wait over a unit's n <= kN slots at once (a pack of each source): `val(r)` is
+// where this thread holds slot r's latest load (a register of an unrolled array, or shared
+// memory), made by the caller for every r first; `slot_of(r)` its address. Each spin re-loads
+// every slot still holding a sentinel lane, all in flight together, so a wait for tp sources
+// costs the latest one's round trip, not one round trip a source (a wait_slot a source waits
+// for each in turn, and re-polls source r + 1 only once source r arrived), and the spin loop is
+// one copy in the kernel's code, not kN (one H200, 2026-12-03: the one-shot consumer's code
+// was 5184 SASS instructions at hc = 4 with one wait_slot a source). The fault word and the
+// clock go as in wait_slot; an expired budget names the lowest source still missing
+// (`peer_of(r)`: its rank). Returns whether every slot arrived.
+template <class Lanes, int kN, class Val, class SlotOf, class PeerOf, class PollBeside = NoPollBeside>
+__device__ __forceinline__ bool wait_slots(int n, Val val, SlotOf slot_of, const ErrorSink& e, WaitSite site,
+                                           PeerOf peer_of, PollBeside poll_beside = {}) {
+  uint32_t missing = 0;
+#pragma unroll
+  for (int r = 0; r < kN; ++r) {
+    if (r < n && Lanes::pending(val(r))) missing |= 1u << r;
+  }
+  if (missing == 0) return true;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t spin = 1;; ++spin) {
+#pragma unroll
+    for (int r = 0; r < kN; ++r) {
+      if (missing & (1u << r)) val(r) = ld_volatile(slot_of(r));
+    }
+    poll_beside();
+#pragma unroll
+    for (int r = 0; r < kN; ++r) {
+      if ((missing & (1u << r)) && !Lanes::pending(val(r))) missing &= ~(1u << r);
+    }
+    if (missing == 0) return true;
+    if (spin % kFaultSpins == 1) {
+      site.peer = peer_of(__ffs(missing) - 1);
+      const uint32_t f = load_fault_coalesced(e);
+      if (f != 0) {
+        record_fault(e, f, site);
+        return false;
+      }
+      if (spin % 256 == 1 && global_timer_ns() - start > e.timeout_ns) {
+        record_timeout(e, site);
+        return false;
+      }
+    }
+  }
 }
 
 // --- Call headers (PROTOCOL.md, I19) ------------------------------------------------------------
@@ -291,6 +350,23 @@ __device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, uint32_t 
 __device__ __forceinline__ bool same_pack(uint4 a, uint4 b) {
   return ((a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w)) == 0;
 }
+// wait_slot's poll_beside for a call header: while *value (where this thread holds the header's
+// latest load) is the sentinel, re-load it from where `at()` says. `on`: whether this thread
+// checks a header at all.
+template <class At>
+struct HeaderPoll {
+  bool on;
+  uint4* value;
+  At at;
+  __device__ __forceinline__ void operator()() const {
+    if (on && Bf16Lanes::pending(*value)) *value = ld_volatile(static_cast<const uint4*>(at()));
+  }
+};
+template <class At>
+__device__ __forceinline__ HeaderPoll<At> header_poll(bool on, uint4* value, At at) {
+  return HeaderPoll<At>{on, value, at};
+}
+
 // A peer's call header at `hdr` (this rank's mailbox), against this rank's `want`: waits for it
 // (the bounded wait: its writer stored it before the unit's first pack), then resets it to the
 // sentinel (this thread is its only reader, and its writer stores it again only three calls

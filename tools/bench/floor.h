@@ -24,6 +24,11 @@ class LamportFloor {
   void* state_ = nullptr;
 };
 
+// The launch floor: one tiny kernel (one warp storing one int into `flag`, device memory),
+// launched plainly (no PDL). Timed as the ops are, it is what a CUDA graph's node costs with
+// no work at all: the floor of a TP=1 call.
+void launch_floor(int* flag, cudaStream_t stream);
+
 // Device-to-device copy bandwidth, bytes read plus bytes written per second.
 double copy_bandwidth_gbps(size_t bytes, cudaStream_t stream);
 // Bandwidth of 16-byte stores from this rank into peer `(rank + 1) % tp`'s memory over the

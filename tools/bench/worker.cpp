@@ -423,6 +423,13 @@ void time_all_reduce(Ctx& c) {
         (long long)kH, kHc, (long long)cap, op.mailbox_bytes() / 1048576.0, (long long)cap);
   c.rows.push_back(json{{"op", "memory"}, {"tp", c.tp}, {"m", cap}, {"hidden", kH}, {"hc", kHc},
                         {"mailbox_bytes", op.mailbox_bytes()}, {"config", "default thresholds"}});
+  if (c.tp == 1) {  // the launch floor: one tiny kernel, timed as the ops are
+    DeviceBuffer flag(sizeof(int));
+    const double us = c.time_calls([&](int) { launch_floor(static_cast<int*>(flag.get()), c.stream); });
+    c.rows.push_back(json{{"op", "launch_floor"}, {"tp", c.tp}, {"us_median", us},
+                          {"note", "one kernel of one warp storing one int, launched without PDL"}});
+    c.say("    launch floor (one tiny kernel)          %7.2f us\n", us);
+  }
   for (int64_t m : ms) {
     double floor_us = -1;
     if (floor) {
