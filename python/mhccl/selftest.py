@@ -5,8 +5,9 @@ Over the group (alone: TP=1 on the local GPU, the Lamport paths through its own 
 each path (one-shot and two-shot, streaming on and off, NCCL at TP=2, the automatic choice) and
 variant at a few M, the fused op is checked against the CPU reference and the ranks' bits
 against each other: the C++ self-test ``mhccl-tune --verify`` runs (tools/tune/verify.h). Exit
-code 0 when every case passes, 1 with the reason when one fails (or the extension cannot be
-loaded), 2 when there is no CUDA device (the message carries CUDA's own reason).
+code 0 when every case passes, 1 with the reason when one fails, 2 when there is no CUDA
+device or the compiled extension cannot be loaded here (``mhccl.NoDeviceError``: the message
+carries CUDA's own reason).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
+
+from ._errors import NoDeviceError
 
 
 def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mult: int = 4, top_k: int = 6,
@@ -38,8 +41,9 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     if device is None:
         device = int(os.environ.get("LOCAL_RANK", "0"))
     comm = _api._communicator(group, _api._device_index(device))
-    return lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []), [int(m) for m in (ms or [])],
-                         tuning_file, print_cases)
+    ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []),
+                                      [int(m) for m in (ms or [])], tuning_file, print_cases)
+    return bool(ok), str(report), str(first)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -67,15 +71,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         ok, _, first = run(group, a.device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
                            variants=[v for v in a.variants.split(",") if v],
                            ms=[int(m) for m in a.ms.split(",") if m], tuning_file=a.tuning_file)
-    except RuntimeError as e:
-        msg = str(e)
-        if "no CUDA device" in msg:
-            print(f"mhccl.selftest: no CUDA device: {msg}", file=sys.stderr)
-            return 2
-        print(f"mhccl.selftest: FAILED: {msg}", file=sys.stderr)
-        return 1
-    except ValueError as e:
+    except NoDeviceError as e:
+        print(f"mhccl.selftest: no CUDA device: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # argument errors (mhccl.InvalidArgumentError and the like)
         print(f"mhccl.selftest: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # every other mhccl.Error
+        print(f"mhccl.selftest: FAILED: {e}", file=sys.stderr)
         return 1
     if not ok:
         print(f"mhccl.selftest: FAILED: {first}", file=sys.stderr)

@@ -19,7 +19,9 @@ import mhccl
 def build_ops(device: int) -> Tuple[mhccl.AllReduceMHC, mhccl.LamportAllGather]:
     ar = mhccl.AllReduceMHC(hidden_size=7168, hc_mult=4, max_num_tokens=256, top_k=8,
                             device=torch.device("cuda", device), quantize_layer_input=True,
-                            wait_timeout_ms=60_000, watchdog=True)
+                            wait_timeout_ms=60_000, watchdog=True, tuning_file="mhccl-tuning.json")
+    source: str = ar.tuning_source
+    del source
     ag = mhccl.LamportAllGather(rank_capacity_bytes=1 << 20, device=f"cuda:{device}",
                                 wait_timeout_ms=None, force_nccl_fallback=False)
     budget: int = ar.wait_timeout_ms + ag.wait_timeout_ms
@@ -91,6 +93,14 @@ def handle(ar: mhccl.AllReduceMHC, x: torch.Tensor) -> Optional[str]:
 
 
 version: str = mhccl.__version__
+
+
+def start_up_check() -> bool:  # the deployment self-test, as an engine calls it
+    import mhccl.selftest
+
+    ok, report, first_failure = mhccl.selftest.run(None, 0, variants=["plain"], ms=[1, 64])
+    del report, first_failure
+    return ok
 
 
 # What the annotations reject (each must stay an error: warn_unused_ignores).
