@@ -73,6 +73,10 @@ if [[ " $stages " == *" python "* ]]; then
     echo "std:: symbols defined in the wheel's libmhccl.so: $(nm -DC --defined-only $pkg/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')";
     echo "... in the build's libmhccl.so: $(nm -DC --defined-only $B/libmhccl.so | grep -cE 'std::(basic_ostream|locale|ios_base)')"; } > "$OUT/wheel-lib.txt" 2>&1
   tail -4 "$OUT/wheel-lib.txt"
+  # The environment report as a user runs it (it lists this machine's GPUs), a native crash's
+  # Python stack included.
+  (cd /tmp && timeout 120 python3 -X faulthandler -m mhccl.info) > "$OUT/mhccl-info.txt" 2>&1
+  echo "python -m mhccl.info rc=$?"; head -30 "$OUT/mhccl-info.txt"
   stamp "python: pytest"
   for t in $(cd python/tests && ls test_*.py | sed 's/\.py$//'); do
     timeout 400 python3 -m pytest -p no:cacheprovider -q -rs python/tests/$t.py > "$OUT/pytest-$t.log" 2>&1

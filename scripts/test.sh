@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds mhccl with its tests and runs every test this machine can run, then says which suites
 # ran and which were skipped, and why:
-#   C++ CPU tests     tests/cpu (GoogleTest), also with an NVTX tool attached
+#   C++ CPU tests     tests/cpu (GoogleTest), also with an NVTX tool attached, and no iostream in
+#                     libmhccl.so (tests/check_no_iostreams.cmake)
 #   GPU tests         tests/gpu at TP=1 and, through mhccl-launch, TP=2, the dead-peer tests, and
 #                     the Python package's GPU tests (skipped without a CUDA device, saying CUDA's reason)
 #   Python CPU tests  python/tests/test_*cpu.py but the torch ones (need the Python extension:
@@ -84,9 +85,9 @@ summary() {
     fi
     printf "%s" "$lines"
   done <<'SUITES'
-C++ CPU tests|^cpu
+C++ CPU tests|^(cpu|library-without-iostreams)
 GPU tests|^(gpu_|python_gpu$)
-Python CPU tests|^(python_cpu|python-mypy)$
+Python CPU tests|^(python_cpu|python-mypy|python-extension-without-iostreams)$
 torch tests|^python_torch$
 SUITES
 }

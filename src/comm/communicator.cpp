@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "common/debug.h"
 #include "common/devices.h"
 #include "common/nvtx.h"
+#include "common/text.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 
@@ -136,7 +136,7 @@ void init_budget(Communicator::Impl& im) {
 
 // MHCCL_DEBUG=INFO: what this construction decided (the NCCL library, reachability, budgets).
 void report_construction(const Communicator::Impl& im, int lsa) {
-  std::ostringstream t;
+  detail::Text t;
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, im.device) == cudaSuccess) {
     t << "GPU " << p.name << ", compute capability " << p.major << "." << p.minor << ", kernels: "

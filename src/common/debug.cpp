@@ -4,7 +4,8 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
+
+#include "common/text.h"
 
 namespace mhccl::detail {
 
@@ -37,10 +38,13 @@ bool debug_info() {
 }
 
 void debug_print(const std::string& who, const std::string& text) {
-  std::ostringstream out;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) out << "mhccl INFO " << who << ": " << line << "\n";
-  const std::string s = out.str();
+  std::string s;
+  for (size_t at = 0; at < text.size();) {  // every line, as std::getline splits them
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    s += "mhccl INFO " + who + ": " + text.substr(at, end - at) + "\n";
+    at = end + 1;
+  }
   std::fwrite(s.data(), 1, s.size(), stderr);
   std::fflush(stderr);
 }

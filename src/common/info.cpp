@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -18,6 +17,7 @@
 #include "common/debug.h"
 #include "common/devices.h"
 #include "common/nvtx.h"
+#include "common/text.h"
 
 extern char** environ;
 
@@ -59,10 +59,9 @@ std::string nccl_library_text() {
 
 std::string kernels_for(const std::string& architectures, int major, int minor) {
   const int cc = major * 10 + minor;
-  std::istringstream in(architectures);
   std::string sass, ptx;
   bool symbolic = false;  // all, all-major, native: CMake chose the architectures
-  for (std::string a; in >> a;) {
+  for_each_word(architectures, [&](const std::string& a) {
     const bool real_only = a.size() > 5 && a.compare(a.size() - 5, 5, "-real") == 0;
     const bool virtual_only = a.size() > 8 && a.compare(a.size() - 8, 8, "-virtual") == 0;
     std::string num = a.substr(0, a.find('-'));
@@ -70,7 +69,7 @@ std::string kernels_for(const std::string& architectures, int major, int minor) 
     if (suffix != '\0') num.pop_back();
     if (num.empty() || num.size() > 4 || num.find_first_not_of("0123456789") != std::string::npos) {
       symbolic = true;
-      continue;
+      return;
     }
     const int arch = std::stoi(num);
     const std::string name = num + (suffix ? std::string(1, suffix) : "");
@@ -79,7 +78,7 @@ std::string kernels_for(const std::string& architectures, int major, int minor) 
     const bool sass_runs = suffix == 'a' ? arch == cc : arch / 10 == major && arch % 10 <= minor;
     if (!virtual_only && sass_runs && sass.empty()) sass = "sm_" + name + " SASS";
     if (!real_only && suffix == '\0' && arch <= cc) ptx = "compute_" + name + " PTX, compiled by the driver at load";
-  }
+  });
   if (!sass.empty()) return sass;
   if (!ptx.empty()) return ptx;
   if (symbolic) return "not known: this build holds the architectures CMake chose for " + architectures;
@@ -92,7 +91,7 @@ const char* cuda_architectures() { return MHCCL_CUDA_ARCHITECTURES; }
 }  // namespace detail
 
 std::string environment_report() {
-  std::ostringstream r;
+  detail::Text r;
   const std::string commit = MHCCL_GIT_COMMIT;
   r << "mhccl " << MHCCL_VERSION_STRING << (commit.empty() ? "" : " (commit " + commit + ")") << "\n";
   r << "  built with CUDA " << detail::cuda_version_text(CUDART_VERSION) << ", NCCL headers "

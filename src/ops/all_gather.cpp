@@ -4,13 +4,13 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
-#include <sstream>
 #include <string>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
 #include "common/debug.h"
 #include "common/nvtx.h"
+#include "common/text.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 
@@ -75,7 +75,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   }
   if (detail::debug_info()) {
     const Communicator::Impl& c = *im.comm;
-    std::ostringstream t;
+    detail::Text t;
     t << "capacity " << rank_capacity_bytes << " bytes a rank; "
       << (c.tp == 1 ? "TP=1: a device copy" : c.reachable ? "Lamport all-gather" : "the NCCL fallback (ncclAllGather)")
       << "; mailbox "

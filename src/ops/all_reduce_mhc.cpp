@@ -7,13 +7,13 @@
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include "comm/communicator_impl.h"
 #include "common/check.h"
 #include "common/debug.h"
 #include "common/nvtx.h"
+#include "common/text.h"
 #include "kernels/launch.h"
 #include "mhccl/checks.h"
 #include "mhccl/fp8_groups.h"
@@ -531,7 +531,7 @@ void AllReduceMHC::Impl::report_construction() const {
                                 : cfg.quantize_layer_input_fp8 ? ConsumerVariant::kFp8
                                                                : ConsumerVariant::kPlain;
   static constexpr const char* kVariantNames[] = {"plain", "mxfp8", "residual-only", "fp8"};
-  std::ostringstream t;
+  detail::Text t;
   t << "tuning: " << resolved.source << "\n";
   t << "H=" << cfg.hidden_size << " hc=" << cfg.hc_mult << " max_num_tokens=" << cfg.max_num_tokens
     << " top_k=" << cfg.top_k << ", variants: plain" << (cfg.quantize_layer_input ? ", mxfp8" : "")

@@ -1,8 +1,7 @@
 // Tuning tables: parsing, matching, resolution (src/ops/tuning.h, docs/TUNING.md).
 #include "ops/tuning.h"
 
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -222,14 +221,21 @@ Table parse_table(const std::string& text, const std::string& path) {
 }
 
 Table load_table(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  // stdio, not iostreams (src/common/text.h says why).
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::string text;
+  bool read = f != nullptr;
+  if (f != nullptr) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    read = std::ferror(f) == 0;
+    std::fclose(f);
+  }
+  if (!read) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tuning table " + path + ": cannot be read (AllReduceMHCConfig::tuning_file or MHCCL_TUNING_FILE)");
   }
-  std::ostringstream s;
-  s << f.rdbuf();
-  return parse_table(s.str(), path);
+  return parse_table(text, path);
 }
 
 const Table& builtin_table() {

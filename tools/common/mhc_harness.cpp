@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "common/tensor_desc.h"
+#include "common/text.h"
 #include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
 #include "mhccl/reference.h"
@@ -192,7 +192,7 @@ Outputs download(const Problem& p, Variant v, const CallBuffers& b) {
 }
 
 std::string check(const Problem& p, Variant v, const Outputs& got) {
-  std::ostringstream o;
+  detail::Text o;  // no iostream: the Python extension links this (src/common/text.h)
   const std::vector<uint16_t> y = reference_y(p);
   const size_t mh = static_cast<size_t>(p.m * p.h);
   const bool residual_only = v == Variant::kResidualOnly;
@@ -215,7 +215,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
   for (size_t i = 0; i < res_out.size(); ++i) {
     if (got.residual_out[i] != res_out[i]) {
       o << "residual_out[" << i / (p.hc * p.h) << ", " << (i / p.h) % p.hc << ", " << i % p.h
-        << "] = 0x" << std::hex << got.residual_out[i] << ", reference 0x" << res_out[i];
+        << "] = 0x" << detail::hex_text(got.residual_out[i]) << ", reference 0x"
+        << detail::hex_text(res_out[i]);
       return o.str();
     }
   }
@@ -227,8 +228,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
   for (size_t i = 0; i < mh; ++i) {
     const double d = reference::bf16_ulp_distance(got.layer_input[i], fp64[i]);
     if (!(d <= 1.0)) {
-      o << "layer_input[" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex << got.layer_input[i]
-        << std::dec << ", " << d << " ulp from FP64 " << fp64[i];
+      o << "layer_input[" << i / p.h << ", " << i % p.h << "] = 0x" << detail::hex_text(got.layer_input[i])
+        << ", " << d << " ulp from FP64 " << fp64[i];
       return o.str();
     }
   }
@@ -237,8 +238,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
     reference::mxfp8_quantize(got.layer_input.data(), p.m, p.h, values.data(), scales.data());
     for (size_t i = 0; i < mh; ++i) {
       if (got.values[i] != values[i]) {
-        o << "mxfp8 value [" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex << int(got.values[i])
-          << ", reference 0x" << int(values[i]);
+        o << "mxfp8 value [" << i / p.h << ", " << i % p.h << "] = 0x" << detail::hex_text(got.values[i])
+          << ", reference 0x" << detail::hex_text(values[i]);
         return o.str();
       }
     }
@@ -257,8 +258,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
                                   scales.data());
     for (size_t i = 0; i < mh; ++i) {
       if (got.values[i] != values[i]) {
-        o << variant_name(v) << " value [" << i / p.h << ", " << i % p.h << "] = 0x" << std::hex
-          << int(got.values[i]) << ", reference 0x" << int(values[i]);
+        o << variant_name(v) << " value [" << i / p.h << ", " << i % p.h << "] = 0x"
+          << detail::hex_text(got.values[i]) << ", reference 0x" << detail::hex_text(values[i]);
         return o.str();
       }
     }
@@ -270,8 +271,8 @@ std::string check(const Problem& p, Variant v, const Outputs& got) {
       if (g != float_bits(scales[i])) {
         const int64_t row = static_cast<int64_t>(i) % mp, group = static_cast<int64_t>(i) / mp;
         o << variant_name(v) << " scale (row " << row << ", group " << group << ")"
-          << (row >= p.m ? " (padding)" : "") << " = 0x" << std::hex << g << ", reference 0x"
-          << float_bits(scales[i]);
+          << (row >= p.m ? " (padding)" : "") << " = 0x" << detail::hex_text(g) << ", reference 0x"
+          << detail::hex_text(float_bits(scales[i]));
         return o.str();
       }
     }

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 
 #include "common/group.h"
 #include "common/mhc_harness.h"
+#include "common/text.h"
 #include "mhccl/all_reduce_mhc.h"
 #include "mhccl/error.h"
 
@@ -78,7 +78,7 @@ VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions
   const bool lamport = comm.peers_reachable();
   testing::Group g(comm, stream);
   VerifyResult res;
-  std::ostringstream report;
+  detail::Text report;  // no iostream: the Python extension links this (src/common/text.h)
   auto line = [&](const std::string& s) {
     report << s << "\n";
     if (o.print && rank == 0) {
