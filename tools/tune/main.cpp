@@ -91,7 +91,6 @@ json merged_table(const std::string& path, const json& fresh, const Options& o, 
 // loading the entry, one on the built-in defaults. A measured row more than kNoise slower is
 // flagged; the last line says how many (the tuned choice should be no slower at any swept M).
 void print_summary(const json& entries) {
-  constexpr double kNoise = 0.03;
   std::printf("\nsummary: the chosen paths against the built-in defaults at every swept M, in us. 'sweep d/t': the\n"
               "sweep's timings of the defaults' and the tuned path; 'again d/t': the automatic choice of an op on the\n"
               "defaults and of one loading the entry, timed again, alternated; gain: of 'again' where measured;\n"
@@ -104,6 +103,11 @@ void print_summary(const json& entries) {
                 e["thresholds"]["two_shot_min_rows"].dump().c_str(), e["thresholds"]["two_shot_min_finalize_rows"].dump().c_str(),
                 e["thresholds"]["streaming_min_rows"].dump().c_str(), e["defaults"]["two_shot_min_rows"].dump().c_str(),
                 e["defaults"]["two_shot_min_finalize_rows"].dump().c_str(), e["defaults"]["streaming_min_rows"].dump().c_str());
+    if (e.contains("launch")) {
+      std::printf("    launch: publishers %d (call), %d (finalize), reducers %d\n", e["launch"].value("publisher_ctas", 0),
+                  e["launch"].value("finalize_publisher_ctas", 0), e["launch"].value("reducer_ctas", 0));
+    }
+    if (e.contains("guard")) std::printf("    re-measured: %s\n", e["guard"].get<std::string>().c_str());
     std::printf("    %-8s %6s  %-22s %-22s %9s %9s  %9s %9s %7s\n", "op", "M", "default path", "tuned path",
                 "sweep d", "sweep t", "again d", "again t", "gain");
     for (const json& g : e["gain"]) {

@@ -64,6 +64,11 @@ struct Tuned {
 };
 Tuned choose(const std::map<int64_t, PathTimes> times[2], const Choice defaults[2], bool allow_nccl, int64_t resident);
 
+// How much slower than the defaults' a re-measured row of an entry may be before it counts (two
+// ops timed alternately on one GPU differ by up to about 2%): the summary marks such a row SLOWER,
+// and the tuner measures a more conservative entry instead (worker.cpp).
+inline constexpr double kNoise = 0.03;
+
 // Runs this process as one rank (rank environment from mhccl-launch); returns the exit code.
 int run_worker(const Options& opts);
 
