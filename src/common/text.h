@@ -18,7 +18,8 @@ namespace mhccl::detail {
 
 // A string with `<<` for text, integers and floating point (printf's %g), as an ostringstream
 // is used: `Text t; t << "rows " << m << "\n"; use(t.str());`. `bool` prints 1 or 0, as a
-// stream does without std::boolalpha.
+// stream does without std::boolalpha; int8_t and uint8_t print as numbers (a stream prints them
+// as characters).
 class Text {
  public:
   Text& operator<<(const std::string& s) {

@@ -1,7 +1,12 @@
 // Tuning tables: parsing, matching, resolution (src/ops/tuning.h, docs/TUNING.md).
 #include "ops/tuning.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +30,17 @@ using json = nlohmann::json;
 }
 
 std::string type_name(const json& v) { return v.is_null() ? "null" : v.type_name(); }
+
+// A wrong value as an error message shows it: a scalar as JSON (a string cut at 64 bytes), an
+// array or object by its size. Never the whole value: its serializer recurses (a deeply nested
+// array overflowed the stack) and a large one would make the message as large.
+std::string shown(const json& v) {
+  if (v.is_array()) return "(an array of " + std::to_string(v.size()) + " elements)";
+  if (v.is_object()) return "(an object of " + std::to_string(v.size()) + " members)";
+  std::string d = v.dump();
+  if (d.size() > 64) d = d.substr(0, 64) + "...";
+  return d;
+}
 
 // "2.28" of "2.28.9" (or of "2.28").
 std::string major_minor(const std::string& v) {
@@ -57,22 +73,23 @@ struct Reader {
   }
   // An integer in [lo, hi].
   int64_t integer(const json& v, const std::string& where, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer()) bad(path, where, "expected an integer, got " + type_name(v) + " " + v.dump());
-    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kNever) ? kNever : v.get<int64_t>();
-    if (x < lo || x > hi) {
-      bad(path, where, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    if (!v.is_number_integer()) bad(path, where, "expected an integer, got " + type_name(v) + " " + shown(v));
+    const bool beyond = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
+    const int64_t x = beyond ? 0 : v.get<int64_t>();
+    if (beyond || x < lo || x > hi) {
+      bad(path, where, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + shown(v));
     }
     return x;
   }
   std::string string(const json& v, const std::string& where) const {
-    if (!v.is_string()) bad(path, where, "expected a string, got " + type_name(v) + " " + v.dump());
+    if (!v.is_string()) bad(path, where, "expected a string, got " + type_name(v) + " " + shown(v));
     return v.get<std::string>();
   }
   // A row threshold: an integer >= 1 or "never".
   int64_t threshold(const json& v, const std::string& where) const {
     if (v.is_string() && v.get<std::string>() == "never") return kNever;
     if (!v.is_number_integer()) {
-      bad(path, where, "expected a row count >= 1 or \"never\", got " + type_name(v) + " " + v.dump());
+      bad(path, where, "expected a row count >= 1 or \"never\", got " + type_name(v) + " " + shown(v));
     }
     return integer(v, where, 1, kNever);
   }
@@ -189,12 +206,35 @@ int Entry::specificity() const {
 
 Table parse_table(const std::string& text, const std::string& path) {
   json doc;
+  // A member given twice in one object: JSON leaves it to the reader, and the last one would win
+  // silently (hiding a wrong value before it). The callback keeps the names of each object being
+  // parsed, innermost last.
+  std::vector<std::set<std::string>> names;
+  std::string twice;
+  const json::parser_callback_t note_names = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) {
+      names.emplace_back();
+    } else if (ev == json::parse_event_t::object_end) {
+      if (!names.empty()) names.pop_back();
+    } else if (ev == json::parse_event_t::key && !names.empty() && twice.empty() &&
+               !names.back().insert(parsed.get<std::string>()).second) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    doc = json::parse(text);
+    doc = json::parse(text, note_names);
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     const size_t p = what.find("syntax error");
     bad(path, place_of(text, e.byte == 0 ? 0 : e.byte - 1), "not valid JSON (" + (p == std::string::npos ? what : what.substr(p)) + ")");
+  } catch (const json::exception& e) {  // a number beyond double's range (1e400), say: no place known
+    std::string what = e.what();
+    const size_t p = what.find("] ");
+    bad(path, "the document", "not a JSON this reader can hold (" + (p == std::string::npos ? what : what.substr(p + 2)) + ")");
+  }
+  if (!twice.empty()) {
+    bad(path, "the document", "the member " + json(twice).dump() + " appears twice in one object");
   }
   const Reader r{path};
   if (!doc.is_object()) bad(path, "the document", "expected a JSON object, got " + type_name(doc));
@@ -206,15 +246,23 @@ Table parse_table(const std::string& text, const std::string& path) {
   const json& entries = r.member(doc, "entries", "the document");
   if (!entries.is_array()) bad(path, "entries", "expected an array, got " + type_name(entries));
   for (size_t i = 0; i < entries.size(); ++i) t.entries.push_back(read_entry(r, entries[i], i));
-  // Two entries of one key would make the choice depend on their order: refused.
+  // Two entries of one key would make the choice depend on their order: refused. The key as
+  // match() compares it: NCCL by major.minor (an entry of 2.28.3 and one of 2.28.9 both match a
+  // process on 2.28.9, and the first would win).
+  std::map<std::string, size_t> seen;
   for (size_t i = 0; i < t.entries.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      const Entry& a = t.entries[i];
-      const Entry& b = t.entries[j];
-      if (a.gpu == b.gpu && a.sms == b.sms && a.p2p == b.p2p && a.nccl == b.nccl && a.tp == b.tp &&
-          a.hidden == b.hidden && a.hc == b.hc && a.variant == b.variant && a.top_k == b.top_k) {
-        bad(path, "entries[" + std::to_string(i) + "].key", "the same key as entries[" + std::to_string(j) + "]");
-      }
+    const Entry& a = t.entries[i];
+    auto field = [](const auto& o) { return o ? json(*o) : json(nullptr); };
+    const std::string canonical =
+        json::array({field(a.gpu), field(a.sms), field(a.p2p),
+                     a.nccl ? json(major_minor(*a.nccl)) : json(nullptr), field(a.tp), field(a.hidden), field(a.hc),
+                     field(a.variant), field(a.top_k)})
+            .dump();
+    const auto [it, fresh] = seen.emplace(canonical, i);
+    if (!fresh) {
+      bad(path, "entries[" + std::to_string(i) + "].key",
+          "the same key as entries[" + std::to_string(it->second) + "]" +
+              (a.nccl ? " (NCCL is compared by major.minor: " + major_minor(*a.nccl) + ")" : std::string()));
     }
   }
   return t;
@@ -222,18 +270,21 @@ Table parse_table(const std::string& text, const std::string& path) {
 
 Table load_table(const std::string& path) {
   // stdio, not iostreams (src/common/text.h says why).
+  errno = 0;
   std::FILE* f = std::fopen(path.c_str(), "rb");
+  int why = errno;
   std::string text;
   bool read = f != nullptr;
   if (f != nullptr) {
     char buf[4096];
     for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
     read = std::ferror(f) == 0;
+    why = errno;  // EISDIR for a directory
     std::fclose(f);
   }
   if (!read) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "tuning table " + path + ": cannot be read (AllReduceMHCConfig::tuning_file or MHCCL_TUNING_FILE)");
+    throw Error(ErrorCode::kInvalidArgument, "tuning table " + path + ": cannot be read (" + std::strerror(why) +
+                                                 "; AllReduceMHCConfig::tuning_file or MHCCL_TUNING_FILE)");
   }
   return parse_table(text, path);
 }

@@ -218,10 +218,50 @@ TEST(TuningParse, WrongTypesAndValuesNameThePlace) {
   expect_bad_table(table_json({entry_json(2, good), entry_json(2, good)}), {"entries[1].key", "the same key as entries[0]"});
 }
 
+// What an adversarial review fed the loader (2026-12-03): each an Error(kInvalidArgument)
+// naming the file, never another exception, a crash or a silent choice.
+TEST(TuningParse, HostileTablesAreErrorsNamingTheFile) {
+  const std::string good = R"({"two_shot_min_rows": 1024})";
+  // A number beyond double's range: nlohmann's out_of_range, not a parse_error.
+  expect_bad_table(R"({"schema_version": 1e400, "entries": []})", {"the document", "1e400"});
+  expect_bad_table(table_json({entry_json(2, good, "plain", "2.28.3", R"("created": -1e400, )")}), {"the document"});
+  // A deeply nested array where an integer is expected: named by its size, not serialized
+  // (the serializer recurses: 75,000 levels overflowed an 8 MB stack).
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  expect_bad_table(R"({"schema_version": )" + deep + R"(, "entries": []})",
+                   {"schema_version", "expected an integer, got array (an array of 1 elements)"});
+  const auto [code, msg] = error_of([&] {
+    tuning::parse_table(table_json({entry_json(2, R"({"two_shot_min_rows": ")" + std::string(100000, 'x') + R"("})")}),
+                        "t.json");
+  });
+  EXPECT_EQ(code, ErrorCode::kInvalidArgument);
+  EXPECT_LT(msg.size(), 600u) << "the wrong value is cut, not copied whole";
+  // Integers beyond int64: refused, not taken as "never".
+  expect_bad_table(table_json({entry_json(2, R"({"two_shot_min_rows": 9223372036854775808})")}),
+                   {"entries[0].thresholds.two_shot_min_rows", "expected an integer in [1, "});
+  expect_bad_table(table_json({entry_json(2, R"({"two_shot_min_rows": 18446744073709551615})")}),
+                   {"entries[0].thresholds.two_shot_min_rows"});
+  // A member twice in one object: the last would win silently.
+  expect_bad_table(table_json({entry_json(2, R"({"two_shot_min_rows": 0, "two_shot_min_rows": 5})")}),
+                   {"the member \"two_shot_min_rows\" appears twice"});
+  expect_bad_table(R"({"schema_version": 2, "schema_version": 1, "entries": []})", {"\"schema_version\" appears twice"});
+  // The same name in two objects is no duplicate.
+  EXPECT_EQ(tuning::parse_table(table_json({entry_json(2, good), entry_json(2, good, "mxfp8")}), "t.json").entries.size(), 2u);
+  // Two entries whose NCCL differs in the patch level only both match a process: refused.
+  expect_bad_table(table_json({entry_json(2, good, "plain", "2.28.3"), entry_json(2, good, "plain", "2.28.9")}),
+                   {"entries[1].key", "the same key as entries[0]", "major.minor: 2.28"});
+  EXPECT_EQ(tuning::parse_table(table_json({entry_json(2, good, "plain", "2.28.3"), entry_json(2, good, "plain", "2.30.1")}),
+                                "t.json").entries.size(), 2u);
+}
+
 TEST(TuningParse, UnreadableFileNamesIt) {
   const auto [code, msg] = error_of([] { tuning::load_table("/nonexistent/mhccl-tune.json"); });
   EXPECT_EQ(code, ErrorCode::kInvalidArgument);
-  EXPECT_NE(msg.find("tuning table /nonexistent/mhccl-tune.json: cannot be read"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tuning table /nonexistent/mhccl-tune.json: cannot be read (No such file or directory"),
+            std::string::npos) << msg;
+  const auto [dcode, dmsg] = error_of([] { tuning::load_table(::testing::TempDir()); });
+  EXPECT_EQ(dcode, ErrorCode::kInvalidArgument);
+  EXPECT_NE(dmsg.find("cannot be read (Is a directory"), std::string::npos) << dmsg;
 }
 
 TEST(TuningParse, LoadsAFile) {

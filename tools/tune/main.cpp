@@ -59,7 +59,21 @@ std::string self_exe() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "mhccl-tune";
 }
 
-bool same_key(const json& a, const json& b) { return a.contains("key") && b.contains("key") && a["key"] == b["key"]; }
+// Whether two entries have one key as the loader compares keys (NCCL by major.minor): the fresh
+// entry replaces the old one (an entry of NCCL 2.28.3 beside a fresh one of 2.28.9 is refused).
+bool same_key(const json& a, const json& b) {
+  if (!a.contains("key") || !b.contains("key") || !a["key"].is_object() || !b["key"].is_object()) return false;
+  auto normal = [](json k) {
+    if (k.contains("nccl") && k["nccl"].is_string()) {
+      const std::string v = k["nccl"];
+      const size_t d = v.find('.');
+      const size_t e = d == std::string::npos ? d : v.find('.', d + 1);
+      k["nccl"] = e == std::string::npos ? v : v.substr(0, e);
+    }
+    return k;
+  };
+  return normal(a["key"]) == normal(b["key"]);
+}
 
 // The table at `path` with `fresh` entries: an existing table of this schema keeps its entries
 // of other keys (tune each TP or shape once, into one file); another file is replaced.
