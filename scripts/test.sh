@@ -41,8 +41,12 @@ counts() {
   if [ -n "$g" ]; then echo "$g$s"; elif [ -n "$p" ]; then echo "$p"; fi
 }
 # Why test `$1` (or cases of it) skipped: the first SKIPPED line of its output, without its prefix.
+# GoogleTest prints a GTEST_SKIP's message on the line after "<file>:<line>: Skipped".
 skip_reason() {
-  output "$1" | grep -m1 -E 'SKIPPED(: | \[[0-9]+\] [^ ]+: )' | sed -E 's/.*SKIPPED(: | \[[0-9]+\] [^ ]+: )//' || true
+  local o; o=$(output "$1")
+  local r; r=$(grep -m1 -E 'SKIPPED(: | \[[0-9]+\] [^ ]+: )' <<< "$o" | sed -E 's/.*SKIPPED(: | \[[0-9]+\] [^ ]+: )//' || true)
+  [ -n "$r" ] || r=$(grep -m1 -A1 -E ': Skipped$' <<< "$o" | sed -n 2p || true)
+  echo "$r"
 }
 
 summary() {

@@ -72,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                            variants=[v for v in a.variants.split(",") if v],
                            ms=[int(m) for m in a.ms.split(",") if m], tuning_file=a.tuning_file)
     except NoDeviceError as e:
-        print(f"mhccl.selftest: no CUDA device: {e}", file=sys.stderr)
+        print(f"mhccl.selftest: {e}", file=sys.stderr)  # the message says "no CUDA device" and CUDA's reason
         return 2
     except ValueError as e:  # argument errors (mhccl.InvalidArgumentError and the like)
         print(f"mhccl.selftest: {e}", file=sys.stderr)

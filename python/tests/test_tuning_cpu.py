@@ -100,6 +100,7 @@ def test_selftest_without_a_gpu_says_why():
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MHCCL_TUNING_FILE")}
     out = subprocess.run([sys.executable, "-m", "mhccl.selftest"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "mhccl.selftest: no CUDA device" in out.stderr, out.stderr
+    assert out.stderr.startswith("mhccl.selftest: ") and "no CUDA device" in out.stderr, out.stderr
+    assert out.stderr.count("no CUDA device") == 1, out.stderr  # said once
     reason = why[why.index("(") + 1:why.rindex(")")]  # CUDA's own reason, as the Communicator gives it
     assert reason and reason in out.stderr, (reason, out.stderr)
