@@ -42,14 +42,6 @@ std::string shown(const json& v) {
   return d;
 }
 
-// "2.28" of "2.28.9" (or of "2.28").
-std::string major_minor(const std::string& v) {
-  const size_t a = v.find('.');
-  if (a == std::string::npos) return v;
-  const size_t b = v.find('.', a + 1);
-  return b == std::string::npos ? v : v.substr(0, b);
-}
-
 // Line and column (1-based) of byte `offset` of `text`.
 std::string place_of(const std::string& text, size_t offset) {
   size_t line = 1, col = 1;
@@ -181,6 +173,13 @@ std::string threshold_text(int64_t v) { return v == kNever ? "never" : std::to_s
 }  // namespace
 
 const char* library_version() { return MHCCL_VERSION_STRING; }
+
+std::string major_minor(const std::string& v) {
+  const size_t a = v.find('.');
+  if (a == std::string::npos) return v;
+  const size_t b = v.find('.', a + 1);
+  return b == std::string::npos ? v : v.substr(0, b);
+}
 
 std::string key_text(const Key& k) {
   return "gpu \"" + k.gpu + "\", sms " + std::to_string(k.sms) + ", p2p " + k.p2p + ", nccl " + k.nccl + ", tp " +

@@ -41,6 +41,10 @@ struct Key {
   int64_t top_k = 6;
   std::string mhccl;    // this library's version, "0.1.0"
 };
+// "2.28" of "2.28.9" (or of "2.28"): how versions of NCCL and mhccl are compared by matching
+// and by the check for two entries of one key.
+std::string major_minor(const std::string& v);
+
 std::string key_text(const Key& k);
 // This library's version (Key::mhccl).
 const char* library_version();

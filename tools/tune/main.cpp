@@ -64,12 +64,7 @@ std::string self_exe() {
 bool same_key(const json& a, const json& b) {
   if (!a.contains("key") || !b.contains("key") || !a["key"].is_object() || !b["key"].is_object()) return false;
   auto normal = [](json k) {
-    if (k.contains("nccl") && k["nccl"].is_string()) {
-      const std::string v = k["nccl"];
-      const size_t d = v.find('.');
-      const size_t e = d == std::string::npos ? d : v.find('.', d + 1);
-      k["nccl"] = e == std::string::npos ? v : v.substr(0, e);
-    }
+    if (k.contains("nccl") && k["nccl"].is_string()) k["nccl"] = tuning::major_minor(k["nccl"].get<std::string>());
     return k;
   };
   return normal(a["key"]) == normal(b["key"]);
