@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/text.h"
-
 namespace mhccl::detail {
 
 namespace {

@@ -205,6 +205,15 @@ std::vector<int> tune_shapes(Run& r, InputSets& sets, int64_t cap, const std::st
   return best;
 }
 
+// An entry's "thresholds" object of a call and a finalize choice (one streaming threshold, the call's).
+json thresholds_json(const Choice& call, const Choice& finalize) {
+  return {{"two_shot_min_rows", rows_json(call.two_shot)},
+          {"two_shot_min_finalize_rows", rows_json(finalize.two_shot)},
+          {"nccl_min_rows", rows_json(call.nccl)},
+          {"nccl_min_finalize_rows", rows_json(finalize.nccl)},
+          {"streaming_min_rows", call.streaming}};
+}
+
 int run_tune(Run& r) {
   const Options& o = r.o;
   const int64_t cap = o.max_rows;
@@ -279,11 +288,7 @@ int run_tune(Run& r) {
             (long long)cap);
       shapes = tune_shapes(r, sets, cap, variant, shape_timings);
     }
-    json thresholds = {{"two_shot_min_rows", rows_json(tuned.call.two_shot)},
-                       {"two_shot_min_finalize_rows", rows_json(tuned.finalize.two_shot)},
-                       {"nccl_min_rows", rows_json(tuned.call.nccl)},
-                       {"nccl_min_finalize_rows", rows_json(tuned.finalize.nccl)},
-                       {"streaming_min_rows", tuned.call.streaming}};
+    json thresholds = thresholds_json(tuned.call, tuned.finalize);
     json key_json = {{"gpu", key.gpu}, {"sms", key.sms}, {"p2p", key.p2p}, {"nccl", key.nccl}, {"tp", key.tp},
                      {"hidden", key.hidden}, {"hc", key.hc}, {"variant", variant}, {"top_k", key.top_k}};
     json launch = json::object();
@@ -355,11 +360,7 @@ int run_tune(Run& r) {
         launch = json::object();
         guard = "launch shapes dropped (slower than the defaults' on the re-measurement)";
       }
-      const json default_thresholds = {{"two_shot_min_rows", rows_json(defaults[0].two_shot)},
-                                       {"two_shot_min_finalize_rows", rows_json(defaults[1].two_shot)},
-                                       {"nccl_min_rows", rows_json(defaults[0].nccl)},
-                                       {"nccl_min_finalize_rows", rows_json(defaults[1].nccl)},
-                                       {"streaming_min_rows", defaults[0].streaming}};
+      const json default_thresholds = thresholds_json(defaults[0], defaults[1]);
       if (w.excess > kNoise && thresholds != default_thresholds &&
           retry("with the defaults' thresholds", default_thresholds, launch)) {
         thresholds = default_thresholds;
