@@ -250,17 +250,13 @@ __device__ __forceinline__ void cp_async_mixes(float* mixes, const ConsumerParam
 }
 
 // --- Kernels --------------------------------------------------------------------------------
-// A publishing unit's call header (PROTOCOL.md, I19), stored by one thread before the unit's
-// first pack: one-shot into slot [gen][rank] of every rank's mailbox, two-shot into the owner's
-// contributions (unit `u` of the destination's slots).
-__device__ __forceinline__ void publish_header(void* const (&targets)[kMaxTp], PublishDest dest, int tp, int rank,
-                                               int owner, int64_t slot_rows, int np, int64_t u, uint4 hdr,
-                                               uint32_t gen) {
-  if (dest == PublishDest::kAllRanks) {
-    store_to_ranks(targets, tp, header_offset(gen, tp, rank, slot_rows, np, u), hdr);
-  } else {
-    st_volatile(static_cast<uint4*>(owner_target(targets, owner)) + header_offset(gen, tp, rank, slot_rows, np, u), hdr);
-  }
+// This rank's call header (PROTOCOL.md, I19), stored once a call, by the thread that publishes
+// the first pack of row 0, before that pack: into writer slot `rank` of generation `gen` of every
+// rank's mailbox (one-shot: the slots; two-shot: every owner's contributions, `targets` of
+// either kind, each rank's once). `slot_rows`: rows per [gen][source] slot of that mailbox.
+__device__ __forceinline__ void publish_call_header(void* const (&targets)[kMaxTp], int tp, int rank,
+                                                    int64_t slot_rows, int np, uint32_t gen, uint4 hdr) {
+  store_to_ranks(targets, tp, call_header_offset(gen, tp, slot_rows, np, rank), hdr);
 }
 
 template <bool kFinalize>
@@ -282,13 +278,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   }
   const uint32_t proto = p.dest == PublishDest::kAllRanks ? kProtoOneShot : kProtoTwoShotOwner;
   const WaitSite site{proto, -1, gen, rp.row, p.state};
-  // The unit's header first, by thread 0 of every CTA (one without packs too: the consumer CTA
-  // of the same unit checks it). Two-shot: unit (row / tp, part) of the owner's slots.
-  if (threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
-    const bool all = p.dest == PublishDest::kAllRanks;
-    const int64_t u = (all ? rp.row : rp.row / p.tp) * p.tiling.ctas_per_row + rp.part;
-    publish_header(p.targets, p.dest, p.tp, p.rank, static_cast<int>(rp.row % p.tp), p.slot_rows, p.np, u,
-                   identity_pack(p.id, gen), gen);
+  // The call's header first, by thread 0 of CTA 0 (row 0, part 0): into every rank's mailbox.
+  if (blockIdx.x == 0 && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
+    publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, gen, identity_pack(p.id, gen));
   }
   if (!rp.active) return;
   uint4 v;
@@ -307,36 +299,35 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   }
 }
 
-// Two-shot owner, the call header of source `lane` (lane < tp of warp 0) for owned unit (owned
-// row j, part): where it is in the owner's contributions (nullptr for the other threads).
-__device__ __forceinline__ uint4* owner_header_at(const void* contributions, int tp, int64_t owner_rows, int np,
-                                                  int64_t j, int part, int ctas_per_row, uint32_t gen) {
+// Two-shot owner, the call header of source `lane` (lane < tp of warp 0 of the checking CTA):
+// where it is in this owner's contributions (nullptr for the other threads).
+__device__ __forceinline__ const uint4* owner_header_at(const void* contributions, int tp, int64_t owner_rows, int np,
+                                                        uint32_t gen) {
   const int lane = static_cast<int>(threadIdx.x);
   if (lane >= tp) return nullptr;
-  return const_cast<uint4*>(static_cast<const uint4*>(contributions)) +
-         header_offset(gen, tp, lane, owner_rows, np, j * ctas_per_row + part);
+  return static_cast<const uint4*>(contributions) + call_header_offset(gen, tp, owner_rows, np, lane);
 }
 
-// Two-shot owner, warp 0 of the CTA of owned unit u (owned row j, part), every lane, converged,
-// once the unit's contributions arrived (owner_reduce_pack's before_publish): lane s < tp checks
-// source s's contribution header (at `hdr`, `v` its latest load); where every one arrived and matched this rank's identity `want`
-// and no fault stands, lane 0 stores this owner's header of the reduced unit (row j * tp + rank,
-// part) into every rank's reduced buffer. A consumer waits for that header, so none completes
-// on a reduced row built from another call's contribution without an error (its wait ends at
-// the fault the mismatch raised).
-__device__ __forceinline__ void owner_headers(uint4* hdr, uint4 v, void* const (&reduced)[kMaxTp], int tp, int rank,
-                                              int64_t reduced_rows, int np, int64_t j, int part, int ctas_per_row,
-                                              uint4 want, const Generation& g, const LamportState* state,
-                                              const ErrorSink& err) {
+// Two-shot owner, warp 0 of the call's checking CTA (the first of the owner's grid, whose first
+// owned row is row `rank`, or none where M <= rank), every lane, converged: lane s < tp checks
+// source s's contribution header (at `hdr`, `v` its latest load); where every one arrived and
+// matched this rank's identity `want` and no fault stands, lane 0 stores this owner's header
+// into every rank's reduced buffer (writer slot `rank`). Every consumer waits for every owner's
+// header, so none completes on a reduced row built from another call's contribution without an
+// error (its wait ends at the fault the mismatch raised). The other owner CTAs check nothing:
+// every contribution of generation g in this mailbox comes from the one call whose header is
+// here (PROTOCOL.md, I19).
+__device__ __forceinline__ void owner_headers(const uint4* hdr, uint4 v, void* const (&reduced)[kMaxTp], int tp,
+                                              int rank, int64_t reduced_rows, int np, uint4 want, const Generation& g,
+                                              const LamportState* state, const ErrorSink& err) {
   const int lane = static_cast<int>(threadIdx.x);
-  const int64_t row = j * tp + rank;
   bool ok = true;
   if (lane < tp) {
-    ok = check_header<Bf16Lanes>(hdr, v, want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, row, state});
+    ok = check_header<Bf16Lanes>(hdr, v, want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, rank, state});
   }
   ok = __all_sync(0xFFFFFFFFu, ok);
-  if (lane == 0 && ok && may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, g.current, row, state})) {
-    const int64_t off = header_offset(g.current, 1, 0, reduced_rows, np, row * ctas_per_row + part);
+  if (lane == 0 && ok && may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, g.current, rank, state})) {
+    const int64_t off = call_header_offset(g.current, 1, reduced_rows, np, rank);
 #pragma unroll
     for (int i = 0; i < kMaxTp; ++i) {
       if (i < tp) st_volatile(static_cast<uint4*>(reduced[i]) + off, want);
@@ -350,17 +341,17 @@ __device__ __forceinline__ void owner_headers(uint4* hdr, uint4 v, void* const (
 // A reduced row goes out only when every contribution arrived and no fault stands: an owner
 // never stores a row that misses a rank's contribution (its peers would consume it as right).
 // `active`: whether this thread has a pack (pack < np); every thread of warp 0 calls it, with or
-// without one. The unit's call headers (warp 0, lane s < tp: source s's, at `hdr`; nullptr for
-// the other threads) are loaded before the contributions and re-loaded by their polls while
-// stale (wait_slot), so that their round trip overlaps the contributions'; `before_publish`
-// (warp 0, converged: owner_headers) checks them and stores this owner's header between the
-// wait and the reduced pack's stores.
+// without one. In the call's checking CTA, its first owned row, the call headers (warp 0, lane
+// s < tp: source s's, at `hdr`; nullptr for the other threads and rows) are loaded before the
+// contributions and re-loaded by their polls while stale (wait_slot), so that their round trip
+// overlaps the contributions'; `before_publish` (warp 0, converged: owner_headers) checks them
+// and stores this owner's header between the wait and the reduced pack's stores.
 template <class BeforePublish>
 __device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
                                                   int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
                                                   int np, int pack, bool active, const Generation& g,
-                                                  const LamportState* state, const ErrorSink& err, const uint4* hdr,
-                                                  BeforePublish before_publish) {
+                                                  const LamportState* state, const ErrorSink& err,
+                                                  const uint4* hdr, BeforePublish before_publish) {
   const uint32_t gen = g.current;
   const int64_t slot_packs = owner_rows * np;
   const int64_t row = j * tp + rank;
@@ -409,18 +400,21 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
-  if (row >= p.m) return;  // the whole CTA
-  const bool warp0 = threadIdx.x < 32;
-  if (!warp0 && !rp.active) return;
-  uint4* const hdr = warp0 ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, rp.row, rp.part,
-                                             p.tiling.ctas_per_row, g.current)
-                           : nullptr;
+  // Warp 0 of CTA 0 checks the call's headers (owner_headers), with or without a row to reduce.
+  const bool checker = blockIdx.x == 0 && threadIdx.x < 32;
+  const uint4* const hdr = checker ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, g.current) : nullptr;
+  const uint4 want = identity_pack(p.id, g.current);
+  if (row >= p.m) {  // the whole CTA: this rank owns no row (M <= rank)
+    if (checker) {
+      owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
+                    p.reduced_rows, p.np, want, g, p.state, p.err);
+    }
+    return;
+  }
+  if (!checker && !rp.active) return;
   owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, rp.active,
                     g, p.state, p.err, hdr, [&](uint4 header) {
-                      if (warp0) {
-                        owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, rp.row, rp.part,
-                                      p.tiling.ctas_per_row, identity_pack(p.id, g.current), g, p.state, p.err);
-                      }
+                      if (checker) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
                     });
 }
 
@@ -575,10 +569,18 @@ __device__ __forceinline__ ErrorSink consumer_sink(const ConsumerParams& p) {
 // slots reset once this call's outputs are out (peers store into them again only two calls
 // later: docs/PROTOCOL.md), for two-shot also this rank's owned contributions of the previous
 // call; then the generation advance by the CTA that took the grid's last ticket (arrive_early).
+// The previous call's headers (every writer's, in both mailboxes) are reset by CTA 0: every one
+// of them was waited for by the previous call on this rank (its checking CTAs wait for every
+// writer's), so none can still land after the reset.
 __device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const Generation& g, uint32_t ticket) {
   const int64_t np = p.np;
   const int64_t slot_packs = p.slot_rows * np;
-  reset_slots<Bf16Lanes>(const_cast<uint4*>(static_cast<const uint4*>(p.in)) + g.previous * p.nslots * slot_packs,
+  void* const in = const_cast<void*>(p.in);
+  if (blockIdx.x == 0) {
+    reset_call_headers(in, g.previous, p.nslots, p.slot_rows, p.np, p.tp);
+    if (p.contributions != nullptr) reset_call_headers(p.contributions, g.previous, p.tp, p.owner_rows, p.np, p.tp);
+  }
+  reset_slots<Bf16Lanes>(static_cast<uint4*>(in) + g.previous * p.nslots * slot_packs,
                          p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
   if (p.contributions != nullptr) {
     const int64_t owned_prev = g.prev_rows > static_cast<uint32_t>(p.rank)
@@ -634,10 +636,9 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
     const WaitSite site{p.protocol, -1, g.current, row, p.state};
-    // The unit's call header before its first pack (thread 0 of every CTA, one without packs too).
-    if (p.publish_first && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
-      store_to_ranks(p.targets, p.tp, header_offset(g.current, p.tp, p.rank, p.slot_rows, p.np, blockIdx.x),
-                     identity_pack(p.id, g.current));
+    // The call's header before its first pack (thread 0 of CTA 0: row 0, part 0).
+    if (p.publish_first && blockIdx.x == 0 && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
+      publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, g.current, identity_pack(p.id, g.current));
     }
     if (publish && may_publish(p.err, g.fault, site)) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
@@ -663,13 +664,13 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // (and, polling, the peers' rows) are in flight instead of after the epilogue.
   if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, np / 4);
 
-  // The peers' call headers of this CTA's unit (PROTOCOL.md, I19): thread s < nslots checks
-  // source s's (two-shot: the row's owner's), its load in flight with the row's packs below, and
-  // re-loaded by their polls while it is stale (wait_slot).
-  const bool checks_header = IN == ConsumerInput::kPoll && static_cast<int>(threadIdx.x) < p.nslots;
+  // The call's headers (PROTOCOL.md, I19), checked by CTA 0 (row 0, part 0): its thread s < tp
+  // checks writer s's (one-shot: source s; two-shot: owner s), its load in flight with the row's
+  // packs below, and re-loaded by their polls while it is stale (wait_slot).
+  const bool checks_header = IN == ConsumerInput::kPoll && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.tp;
   auto header_at = [&] {
-    return const_cast<uint4*>(static_cast<const uint4*>(p.in)) +
-           header_offset(g.current, p.nslots, static_cast<int>(threadIdx.x), p.slot_rows, p.np, blockIdx.x);
+    return static_cast<const uint4*>(p.in) +
+           call_header_offset(g.current, p.nslots, p.slot_rows, p.np, static_cast<int>(threadIdx.x));
   };
   uint4 header = make_uint4(0, 0, 0, 0);
   if (checks_header) header = ld_volatile(header_at());
@@ -713,9 +714,8 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     round_sum_to_bf16<IN>(y, p.nslots);
   }
   if (checks_header) {
-    const int peer = p.nslots > 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(row % p.tp);
     check_header<Bf16Lanes>(header_at(), header, identity_pack(p.id, g.current), consumer_sink(p),
-                            WaitSite{p.protocol, peer, g.current, row, p.state});
+                            WaitSite{p.protocol, static_cast<int>(threadIdx.x), g.current, row, p.state});
   }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
@@ -747,13 +747,12 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
   auto allowed = [&](uint32_t fault, int64_t row) {
     return may_publish(p.err, fault | gs.fault, WaitSite{proto, -1, gen, row, p.state});
   };
-  // Thread 0 stores each row's call header (a unit is a row here) before the row's first pack.
+  // The call's header goes out before row 0's first pack (thread 0 of publisher 0).
   auto store = [&](int64_t row, uint4 v) {
     v = publishable<Bf16Lanes>(v);
-    const PublishDest dest = two_shot ? PublishDest::kOwner : PublishDest::kAllRanks;
-    if (pack == 0) {
-      publish_header(p.targets, dest, p.tp, p.rank, static_cast<int>(row % p.tp), two_shot ? p.owner_rows : p.slot_rows,
-                     p.np, two_shot ? row / p.tp : row, identity_pack(p.id, gen), gen);
+    if (pack == 0 && row == 0) {
+      publish_call_header(p.targets, p.tp, p.rank, two_shot ? p.owner_rows : p.slot_rows, p.np, gen,
+                          identity_pack(p.id, gen));
     }
     if (!two_shot) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
@@ -831,17 +830,23 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
 __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const Generation& g, int64_t index,
                                                   int64_t count) {
   const int pack = static_cast<int>(threadIdx.x);
-  const bool warp0 = pack < 32, active = pack < p.np;  // warp 0 checks the headers (owner_headers)
-  if (!warp0 && !active) return;
+  // Warp 0 of owner 0 checks the call's headers (owner_headers) with its first owned row, row
+  // `rank`, or alone where this rank owns none.
+  const bool checker = index == 0 && pack < 32, active = pack < p.np;
+  if (!checker && !active) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+  const uint4* const hdr = checker ? owner_header_at(p.contributions, p.tp, p.owner_rows, p.np, g.current) : nullptr;
+  const uint4 want = identity_pack(p.id, g.current);
+  if (checker && owned == 0) {
+    owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank, p.slot_rows,
+                  p.np, want, g, p.state, p.err);
+    return;
+  }
   for (int64_t j = index; j < owned; j += count) {
-    uint4* const hdr = warp0 ? owner_header_at(p.contributions, p.tp, p.owner_rows, p.np, j, 0, 1, g.current) : nullptr;
+    const bool first = checker && j == 0;
     owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, active, g,
-                      p.state, p.err, hdr, [&](uint4 header) {
-                        if (warp0) {
-                          owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.slot_rows, p.np, j, 0, 1,
-                                        identity_pack(p.id, g.current), g, p.state, p.err);
-                        }
+                      p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
+                        if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.slot_rows, p.np, want, g, p.state, p.err);
                       });
   }
 }
@@ -866,7 +871,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   __shared__ float mixes[2][kMixes];
   __shared__ int32_t routes[2][kFinalizeGroup];  // kFinalize: the row's first route group
   __shared__ float weights[2][kFinalizeGroup];
-  __shared__ uint4 headers[2][kMaxTp];  // kPoll: the row's call header of each source (thread s copies source s's)
+  __shared__ uint4 headers[kMaxTp];  // kPoll, consumer 0: the call's header of each writer (thread s copies writer s's)
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
@@ -879,10 +884,10 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   const uint4* in = static_cast<const uint4*>(p.in);
   const int64_t slot_packs = p.slot_rows * np;
   const uint4* slots = in + static_cast<int64_t>(gen) * p.nslots * slot_packs;  // kPoll
-  // kPoll: source s's call header of `row` (a unit is a row: the streaming tiling has one CTA a row).
-  auto header_of = [&](int64_t row, int s) {
-    return const_cast<uint4*>(in) + header_offset(gen, p.nslots, s, p.slot_rows, p.np, row);
-  };
+  // kPoll: consumer 0 checks the call's headers (PROTOCOL.md, I19) with its first row, row 0:
+  // thread s < tp writer s's (one-shot: source s; two-shot: owner s), copied with the row.
+  const bool checks_header = IN == ConsumerInput::kPoll && first == 0 && pack < p.tp;
+  auto header_at = [&] { return in + call_header_offset(gen, p.nslots, p.slot_rows, p.np, pack); };
   uint4 norm = make_uint4(0, 0, 0, 0);
   if (V != ConsumerVariant::kResidualOnly && active) norm = ld_input(static_cast<const uint4*>(p.norm_weight) + pack);
 
@@ -901,9 +906,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
         cp_async16(st + HC * threads + pack, in + row * np + pack);
       }
     }
-    if constexpr (IN == ConsumerInput::kPoll) {
-      if (pack < inputs) cp_async16(&headers[stage][pack], header_of(row, pack));
-    }
+    if (checks_header && row == 0) cp_async16(&headers[pack], header_at());
     cp_async_mixes<HC, V>(mixes[stage], p, row);
     if constexpr (IN == ConsumerInput::kFinalize) {  // the last threads (the mixes' are the first)
       const int j = threads - 1 - pack;
@@ -964,7 +967,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
             [&](int r) { return slots + r * slot_packs + row * np + pack; }, consumer_sink(p),
             WaitSite{p.protocol, -1, gen, row, p.state},
             [&](int r) { return p.nslots > 1 ? r : static_cast<int>(row % p.tp); },
-            header_poll(pack < inputs, &headers[stage][pack < inputs ? pack : 0], [&] { return header_of(row, pack); }));
+            header_poll(checks_header && row == 0, &headers[checks_header ? pack : 0], header_at));
       }
       for (int r = 0; r < inputs; ++r) {
         uint4 v = st[(HC + r) * threads + pack];
@@ -1002,12 +1005,9 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
         for (int s = 0; s < HC; ++s) res[s] = st[s * threads + pack];
       }
     }
-    if constexpr (IN == ConsumerInput::kPoll) {  // the row's call headers (PROTOCOL.md, I19)
-      if (pack < inputs) {
-        const int peer = p.nslots > 1 ? pack : static_cast<int>(row % p.tp);
-        check_header<Bf16Lanes>(header_of(row, pack), headers[stage][pack], identity_pack(p.id, gen), consumer_sink(p),
-                                WaitSite{p.protocol, peer, gen, row, p.state});
-      }
+    if (checks_header && row == 0) {  // the call's headers (PROTOCOL.md, I19)
+      check_header<Bf16Lanes>(header_at(), headers[pack], identity_pack(p.id, gen), consumer_sink(p),
+                              WaitSite{p.protocol, pack, gen, row, p.state});
     }
     epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
     if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();

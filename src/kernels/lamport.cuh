@@ -258,12 +258,12 @@ __device__ __forceinline__ uint32_t load_fault_coalesced(const ErrorSink& e) {
 // The fault word is read on the first spin and every kFaultSpins after (a fault raised before or
 // during the wait ends it within kFaultSpins polls: PROTOCOL.md I12b), the clock every 256.
 // `poll_beside` (optional): called after each re-load of the slot, in the spin loop only. The
-// waits of a unit's first packs pass one that re-loads the unit's call header while the value
-// in hand (a register, or shared memory) is still the sentinel (HeaderPoll), so that
-// check_header finds it arrived instead of polling for it a round trip after the data: its
-// writer stores it before its unit's packs, and a first load of it made with the slot's came back
-// stale whenever the slot's did. Computed inside the loop, its address holds no register
-// across the wait.
+// wait of the checking CTA's first row passes one that re-loads the call's headers while the
+// value in hand (a register, or shared memory) is still the sentinel (HeaderPoll), so that
+// check_header finds them arrived instead of polling for them a round trip after the data:
+// their writers store them before their first packs, and a first load made with the slot's
+// came back stale whenever the slot's did. Computed inside the loop, its address holds no
+// register across the wait.
 struct NoPollBeside {
   __device__ __forceinline__ void operator()() const {}
 };
@@ -352,7 +352,7 @@ __device__ __forceinline__ bool same_pack(uint4 a, uint4 b) {
 }
 // wait_slot's poll_beside for a call header: while *value (where this thread holds the header's
 // latest load) is the sentinel, re-load it from where `at()` says. `on`: whether this thread
-// checks a header at all.
+// checks a header at all (one CTA's threads a call: PROTOCOL.md, I19).
 template <class At>
 struct HeaderPoll {
   bool on;
@@ -368,17 +368,28 @@ __device__ __forceinline__ HeaderPoll<At> header_poll(bool on, uint4* value, At 
 }
 
 // A peer's call header at `hdr` (this rank's mailbox), against this rank's `want`: waits for it
-// (the bounded wait: its writer stored it before the unit's first pack), then resets it to the
-// sentinel (this thread is its only reader, and its writer stores it again only three calls
-// later: I4). A header unlike `want` is recorded as a divergence naming the peer, and the fault
-// raised. Returns whether it arrived and matched. `v`: a first load made by the caller.
+// (the bounded wait: its writer stored it before its first pack of the call). A header unlike
+// `want` is recorded as a divergence naming the peer, and the fault raised. Returns whether it
+// arrived and matched. `v`: a first load made by the caller. No reset here: the call's headers
+// are reset to the sentinel by this rank's next call of the protocol (reset_call_headers), with
+// the rows of this one.
 template <class Lanes>
-__device__ __forceinline__ bool check_header(uint4* hdr, uint4 v, uint4 want, const ErrorSink& e, const WaitSite& site) {
+__device__ __forceinline__ bool check_header(const uint4* hdr, uint4 v, uint4 want, const ErrorSink& e,
+                                             const WaitSite& site) {
   if (!wait_slot<Lanes>(hdr, v, e, site)) return false;
-  st_volatile(hdr, Lanes::sentinel());
   if (same_pack(v, want)) return true;
   record_divergence(e, site, want, v);
   return false;
+}
+
+// Resets the call headers of generation `gen` of writers 0 .. writers - 1 in the mailbox at
+// `base` (its layout: sources, slot_rows, np) to the sentinel: thread w of the calling CTA
+// resets writer w's.
+__device__ __forceinline__ void reset_call_headers(void* base, uint32_t gen, int sources, int64_t slot_rows, int np,
+                                                   int writers) {
+  const int w = static_cast<int>(threadIdx.x);
+  if (w < writers) st_volatile(static_cast<uint4*>(base) + call_header_offset(gen, sources, slot_rows, np, w),
+                               Bf16Lanes::sentinel());
 }
 
 // --- Protocol state --------------------------------------------------------------------------

@@ -36,9 +36,9 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 // sequence of calls put the same identity into every slot; a rank that diverged (a call rejected
 // on it alone, another M, call against finalize, another variant) puts another one there.
 //
-// One 16-byte pack, the call header, published into a header slot beside the rows of every
-// publishing unit (a CTA's part of a row; an all-gather CTA's packs) by the thread that publishes
-// the unit's first pack, before it. 8 lanes of 16 bits, each with its top bit clear, so that no
+// One 16-byte pack, the call header, published once a call into each mailbox a rank publishes
+// into (a header slot beside the rows: call_header_offset) by the thread that publishes row 0's
+// first pack, before it (an all-gather: one a CTA). 8 lanes of 16 bits, each with its top bit clear, so that no
 // lane is the BF16 sentinel (0x8000) and no word the all-gather's (0x80000000):
 //   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
 //   lanes 1-3: the size, 15 bits a lane (45 bits)
@@ -82,21 +82,20 @@ MHCCL_HD constexpr bool identity_equal(const CallIdentity& a, const CallIdentity
 
 // --- Mailbox layouts ---------------------------------------------------------------------------
 // A Lamport mailbox of the all-reduce (one-shot slots, two-shot contributions, two-shot reduced
-// rows): the rows [gen][source][slot_rows][np] packs, then the call headers [gen][source]
-// [slot_rows * kMaxCtasPerRow] packs (a unit is a CTA's part of a row: row * ctas_per_row +
-// part, at most kMaxCtasPerRow parts a row). The reduced rows have one "source" (a row's owner).
+// rows): the rows [gen][source][slot_rows][np] packs, then the call headers [gen][kMaxTp] packs,
+// one a (generation, writer): a call's writer stores its header once (PROTOCOL.md, I19), the
+// source rank into the one-shot slots and the contributions, a row's owner into the reduced
+// rows (which have one "source" for their rows, the row's owner, but a header of each owner).
 constexpr int kMaxCtasPerRow = 8;  // portable cluster size
-MHCCL_HD constexpr int64_t header_units(int64_t slot_rows) { return slot_rows * kMaxCtasPerRow; }
 MHCCL_HD constexpr int64_t mailbox_row_packs(int sources, int64_t slot_rows, int np) {
   return static_cast<int64_t>(kGenerations) * sources * slot_rows * np;
 }
 MHCCL_HD constexpr int64_t mailbox_bytes(int sources, int64_t slot_rows, int np) {
-  return 16 * (mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(kGenerations) * sources * header_units(slot_rows));
+  return 16 * (mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(kGenerations) * kMaxTp);
 }
-// Pack offset of unit u's header of slot [gen][source].
-MHCCL_HD constexpr int64_t header_offset(uint32_t gen, int sources, int source, int64_t slot_rows, int np, int64_t u) {
-  return mailbox_row_packs(sources, slot_rows, np) +
-         (static_cast<int64_t>(gen) * sources + source) * header_units(slot_rows) + u;
+// Pack offset of writer `writer`'s call header of generation `gen` (writer < kMaxTp).
+MHCCL_HD constexpr int64_t call_header_offset(uint32_t gen, int sources, int64_t slot_rows, int np, int writer) {
+  return mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(gen) * kMaxTp + writer;
 }
 // The all-gather's mailbox: the packs [gen][source][capacity_packs], the call headers
 // [gen][source][kAllGatherMaxCtas] packs (a unit is a CTA), then the escape words

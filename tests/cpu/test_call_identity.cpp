@@ -1,6 +1,7 @@
 // The call identity (kernels/params.h, CallIdentity; PROTOCOL.md I19), the mailbox layouts its
 // headers live in, and the all-gather's escape encoding, on the host: what the kernels compute
 // with the same constexpr functions.
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -62,24 +63,26 @@ TEST(CallIdentity, EveryFieldThatDiffersMakesTheIdentitiesDiffer) {
   EXPECT_FALSE(kernels::identity_equal(make(2, 1, 0, 1, 1u << 20, 0), make(2, 1, 0, 1, 0, 0)));
 }
 
-// The headers of every (generation, source, unit) lie after the rows, apart from one another
-// and inside mailbox_bytes; likewise the all-gather's headers and escape words.
+// The call headers of every (generation, writer) lie after the rows, apart from one another and
+// inside mailbox_bytes, which ends with the last one; likewise the all-gather's headers and
+// escape words.
 TEST(MailboxLayout, HeadersFollowTheRowsAndFitTheMailbox) {
   for (const int sources : {1, 2, 4, 8}) {
     for (const int64_t rows : {int64_t{1}, int64_t{7}, int64_t{300}}) {
       for (const int np : {1, 640, 896}) {
         const int64_t row_packs = kernels::mailbox_row_packs(sources, rows, np);
         std::set<int64_t> seen;
+        int64_t last = 0;
         for (uint32_t gen = 0; gen < kernels::kGenerations; ++gen) {
-          for (int s = 0; s < sources; ++s) {
-            for (const int64_t u : {int64_t{0}, kernels::header_units(rows) - 1}) {
-              const int64_t off = kernels::header_offset(gen, sources, s, rows, np, u);
-              EXPECT_GE(off, row_packs);
-              EXPECT_LT(16 * (off + 1), kernels::mailbox_bytes(sources, rows, np) + 1);
-              EXPECT_TRUE(seen.insert(off).second);
-            }
+          for (int w = 0; w < kernels::kMaxTp; ++w) {
+            const int64_t off = kernels::call_header_offset(gen, sources, rows, np, w);
+            EXPECT_GE(off, row_packs);
+            EXPECT_LT(16 * (off + 1), kernels::mailbox_bytes(sources, rows, np) + 1);
+            EXPECT_TRUE(seen.insert(off).second);
+            last = std::max(last, off);
           }
         }
+        EXPECT_EQ(16 * (last + 1), kernels::mailbox_bytes(sources, rows, np));
       }
     }
   }

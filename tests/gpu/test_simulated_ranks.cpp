@@ -656,6 +656,64 @@ void check_calls(const std::vector<PlannedCall>& calls, int tp, const char* what
   }
 }
 
+// The call headers in every rank's mailboxes once calls all completed without a fault
+// (PROTOCOL.md, I19): of each protocol, its last call's generation holds that call's identity
+// from every writer w < tp, and every other header slot the sentinel. So every header a call
+// wrote was waited for and then reset by the protocol's next call on that rank: none landed
+// after the reset, where a later call of its generation would take it for its own.
+void check_call_headers(const ConcurrentGroup& g, const std::vector<PlannedCall>& calls, const char* what) {
+  const int tp = g.tp;
+  const int np = static_cast<int>(ConcurrentGroup::kH / 8);
+  const int64_t cap = g.ranks[0]->buf.rows;
+  struct Box {
+    const DeviceBuffer* buf;
+    int sources;
+    int64_t rows;
+    const char* name;
+  };
+  for (const bool two_shot : {false, true}) {
+    const PlannedCall* last = nullptr;
+    for (const PlannedCall& pc : calls) {
+      if (kind_two_shot(pc.kind) == two_shot) last = &pc;
+    }
+    for (int r = 0; r < tp; ++r) {
+      const SimRank& k = *g.ranks[r];
+      LamportState st[2];
+      MHCCL_TEST_CUDA(cudaMemcpy(st, k.states.get(), sizeof(st), cudaMemcpyDeviceToHost));
+      const uint32_t gen = (st[two_shot].generation + kGenerations - 1) % kGenerations;  // the last call's
+      std::vector<Box> boxes;
+      if (two_shot) {
+        boxes = {{&k.bt, tp, (cap + tp - 1) / tp, "contributions"}, {&k.red, 1, cap, "reduced rows"}};
+      } else {
+        boxes = {{&k.ll, tp, cap, "one-shot slots"}};
+      }
+      for (const Box& box : boxes) {
+        std::vector<uint32_t> h(4 * kGenerations * kMaxTp);
+        MHCCL_TEST_CUDA(cudaMemcpy(h.data(), box.buf->as<char>() + 16 * call_header_offset(0, box.sources, box.rows, np, 0),
+                                   h.size() * 4, cudaMemcpyDeviceToHost));
+        for (uint32_t gn = 0; gn < kGenerations; ++gn) {
+          for (int w = 0; w < kMaxTp; ++w) {
+            uint32_t want[4] = {kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair, kBf16SentinelPair};
+            if (last != nullptr && gn == gen && w < tp) {
+              const CallIdentity id = with_generation(
+                  make_call_identity(last->p.finalize ? kOpAllReduceFinalize : kOpAllReduceCall,
+                                     two_shot ? kProtoTwoShotOwner : kProtoOneShot,
+                                     static_cast<uint32_t>(consumer_variant(last->v)), static_cast<uint64_t>(last->p.m), 0),
+                  gen);
+              for (int i = 0; i < 4; ++i) want[i] = id.w[i];
+            }
+            for (int i = 0; i < 4; ++i) {
+              EXPECT_EQ(h[(gn * kMaxTp + w) * 4 + i], want[i])
+                  << what << " tp=" << tp << " rank " << r << " " << box.name << ": generation " << gn << " writer " << w
+                  << " word " << i << (gn == gen ? " (the last call's)" : " (should have been reset)");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 class ConcurrentRanks : public ::testing::TestWithParam<int> {};
 
 // 60 calls a rank, one-shot (single launch, publish + consumer, streaming), two-shot (three
@@ -680,6 +738,7 @@ TEST_P(ConcurrentRanks, MixedCallsWithoutHostSync) {
     EXPECT_EQ(g.sinks[r]->fault(), 0u);
   }
   check_calls(calls, tp, "eager");
+  check_call_headers(g, calls, "eager");
   std::printf("concurrent TP=%d: %zu calls a rank checked\n", tp, calls.size());
 }
 
@@ -714,6 +773,7 @@ TEST_P(ConcurrentRanks, GraphReplayOfMixedCalls) {
     MHCCL_TEST_CUDA(cudaGraphExecDestroy(execs[r]));
   }
   check_calls(calls, tp, "graph");
+  check_call_headers(g, calls, "graph");
 }
 
 // A rank that times out stops the group (PROTOCOL.md I12b): the last rank is held back 5x the
