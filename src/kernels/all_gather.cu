@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
       out[r * p.packs + i] = v[k];
     }
   }
-  if (checks_header) check_header<WordLanes>(hdr, header, want, p.err, WaitSite{kProtoAllGather, hsource, g.current, first, p.state});
+  if (checks_header) check_header<WordLanes, true>(hdr, header, want, p.err, WaitSite{kProtoAllGather, hsource, g.current, first, p.state});
   reset_slots<WordLanes>(local + static_cast<int64_t>(g.previous) * p.tp * cap,
                          p.tp, cap, g.prev_rows);
   advance_if_last(p.state, ticket, static_cast<uint32_t>(p.packs));

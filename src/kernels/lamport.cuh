@@ -370,13 +370,16 @@ __device__ __forceinline__ HeaderPoll<At> header_poll(bool on, uint4* value, At 
 // A peer's call header at `hdr` (this rank's mailbox), against this rank's `want`: waits for it
 // (the bounded wait: its writer stored it before its first pack of the call). A header unlike
 // `want` is recorded as a divergence naming the peer, and the fault raised. Returns whether it
-// arrived and matched. `v`: a first load made by the caller. No reset here: the call's headers
-// are reset to the sentinel by this rank's next call of the protocol (reset_call_headers), with
-// the rows of this one.
-template <class Lanes>
+// arrived and matched. `v`: a first load made by the caller. kReset: the all-gather's headers
+// (one a CTA, this thread its only reader, its writer stores it again only three calls later:
+// I4) are reset to the sentinel once arrived; the all-reduce's (one a writer and call, read by
+// one CTA) are reset by this rank's next call of the protocol, with the rows of this one
+// (reset_call_headers).
+template <class Lanes, bool kReset = false>
 __device__ __forceinline__ bool check_header(const uint4* hdr, uint4 v, uint4 want, const ErrorSink& e,
                                              const WaitSite& site) {
   if (!wait_slot<Lanes>(hdr, v, e, site)) return false;
+  if constexpr (kReset) st_volatile(const_cast<uint4*>(hdr), Lanes::sentinel());
   if (same_pack(v, want)) return true;
   record_divergence(e, site, want, v);
   return false;
