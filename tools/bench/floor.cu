@@ -82,6 +82,27 @@ __global__ void launch_floor_kernel(int* flag) {
   if (threadIdx.x == 0) *flag = 1;
 }
 
+// The row floor's kernel: one CTA, a thread a pack; every thread loads its packs of the row's
+// `streams` input rows, then stores them (XOR-folded, so each store depends on every load) into
+// `streams` output rows. No arithmetic beyond that, no reduction.
+__global__ void row_floor_kernel(const uint4* in, uint4* out, int np, int streams) {
+  const int pack = static_cast<int>(threadIdx.x);
+  if (pack >= np) return;
+  uint4 v[16];
+  uint4 f = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    if (s < streams) {
+      v[s] = __ldg(in + s * np + pack);
+      f.x ^= v[s].x; f.y ^= v[s].y; f.z ^= v[s].z; f.w ^= v[s].w;
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    if (s < streams) out[s * np + pack] = make_uint4(v[s].x ^ f.x, v[s].y, v[s].z, v[s].w);
+  }
+}
+
 }  // namespace
 
 LamportFloor::LamportFloor(Communicator& comm, int64_t capacity_rows, int64_t hidden)
@@ -179,6 +200,12 @@ double peer_store_bandwidth_gbps(Communicator& comm, size_t bytes, cudaStream_t 
 
 void launch_floor(int* flag, cudaStream_t stream) {
   launch_floor_kernel<<<1, 32, 0, stream>>>(flag);
+}
+
+void launch_row_floor(const void* in, void* out, int64_t hidden, int streams, cudaStream_t stream) {
+  const int np = static_cast<int>(hidden / 8);
+  row_floor_kernel<<<1, (np + 31) / 32 * 32, 0, stream>>>(static_cast<const uint4*>(in), static_cast<uint4*>(out), np,
+                                                          std::min(streams, 16));
 }
 
 }  // namespace mhccl::bench

@@ -331,8 +331,31 @@ struct InputSets {
       MHCCL_TEST_CUDA(testing::fill_random_bf16(b.norm, kH, seed + 9, 0.3f, s));
     }
     MHCCL_TEST_CUDA(cudaStreamSynchronize(s));
+    // Each set's routes in range (distinct GEMM2 rows: fill_random_routes is a bijection on
+    // them), counted over its first rows: what a finalize of M rows reads of GEMM2.
+    std::vector<int32_t> routes(static_cast<size_t>(rows * kTopK));
+    for (auto& b : sets) {
+      MHCCL_TEST_CUDA(cudaMemcpy(routes.data(), b->routes, routes.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+      std::vector<int64_t> prefix(static_cast<size_t>(rows) + 1, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t n = 0;
+        for (int k = 0; k < kTopK; ++k) {
+          const int32_t route = routes[static_cast<size_t>(r * kTopK + k)];
+          n += route >= 0 && route < rows * kTopK;
+        }
+        prefix[static_cast<size_t>(r) + 1] = prefix[static_cast<size_t>(r)] + n;
+      }
+      valid_routes.push_back(std::move(prefix));
+    }
   }
   CallBuffers& operator[](int i) { return *sets[i % sets.size()]; }
+  // The GEMM2 rows a finalize of m rows reads, averaged over the sets (the timing cycles them).
+  double gemm2_rows_read(int64_t m) const {
+    double n = 0;
+    for (const auto& p : valid_routes) n += static_cast<double>(p[static_cast<size_t>(m)]);
+    return n / static_cast<double>(valid_routes.size());
+  }
+  std::vector<std::vector<int64_t>> valid_routes;  // a set's count over its first rows
 };
 
 // A Problem that carries only shapes (the inputs are already on the device, routes into the
@@ -349,12 +372,20 @@ Problem shape_only(int64_t m, int tp, bool fin, int64_t capacity) {
   return p;
 }
 
-// HBM bytes the fused epilogue must move per call: x (or the finalize inputs it reads) once,
+// HBM bytes the fused epilogue must move per call: x (or the finalize's shared expert rows) once,
 // residual in, residual_out and layer_input out (and the MXFP8 copy).
 double epilogue_bytes(int64_t m, Variant v) {
   double b = double(m) * kH * 2 * (1 + 2 * kHc);
   if (v != Variant::kResidualOnly) b += double(m) * kH * 2;
   if (v == Variant::kMxfp8) b += double(m) * kH + double(mxfp8_scale_bytes(m, kH));
+  return b;
+}
+// ... and a finalize's routed inputs besides: the GEMM2 rows its routes select (`gemm2_rows`
+// of them, each read once) and the routes and weights. Until 2026-12-03 the TP=1 finalize's
+// floor left these out, which understated its share of the HBM floor (docs/PERFORMANCE.md).
+double op_bytes(int64_t m, Variant v, bool finalize, double gemm2_rows) {
+  double b = epilogue_bytes(m, v);
+  if (finalize) b += gemm2_rows * kH * 2 + double(m) * kTopK * (sizeof(int32_t) + sizeof(float));
   return b;
 }
 
@@ -429,6 +460,14 @@ void time_all_reduce(Ctx& c) {
     c.rows.push_back(json{{"op", "launch_floor"}, {"tp", c.tp}, {"us_median", us},
                           {"note", "one kernel of one warp storing one int, launched without PDL"}});
     c.say("    launch floor (one tiny kernel)          %7.2f us\n", us);
+    // The row floor: the M = 1 call's bytes (x and kHc residual rows in, kHc + 1 rows out) by one
+    // CTA, loads then stores, nothing else; the inputs rotate over the sets as the ops' do.
+    const double row_us = c.time_calls([&](int i) {
+      launch_row_floor(sets[i].residual, sets[i].res_out, kH, 1 + kHc, c.stream);
+    });
+    c.rows.push_back(json{{"op", "row_floor"}, {"tp", c.tp}, {"m", 1}, {"hidden", kH}, {"us_median", row_us},
+                          {"note", "one CTA loading 1 + hc rows of H BF16, then storing them; launched without PDL"}});
+    c.say("    row floor (one CTA, M = 1's bytes)      %7.2f us\n", row_us);
   }
   for (int64_t m : ms) {
     double floor_us = -1;
@@ -452,7 +491,8 @@ void time_all_reduce(Ctx& c) {
             });
           }
         }
-        const double epi_us = epilogue_bytes(m, v) / (c.copy_gbps * 1e9) * 1e6;
+        const double bytes = op_bytes(m, v, fin, sets.gemm2_rows_read(m));
+        const double epi_us = bytes / (c.copy_gbps * 1e9) * 1e6;
         const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
         json r = base_row(c, opn, variant_key(v), c.tp == 1 ? "tp1" : protocol_name(op.protocol_for(m, fin)), m);
         r["us_median"] = ours;
@@ -461,8 +501,9 @@ void time_all_reduce(Ctx& c) {
         r["floor_us"] = floor_us >= 0 ? json(floor_us) : json(nullptr);
         if (two_launch >= 0) r["two_launch_us"] = two_launch;
         r["epilogue_hbm_us"] = epi_us;
-        r["epilogue_bytes"] = epilogue_bytes(m, v);
-        if (c.tp == 1) r["hbm_gbps"] = epilogue_bytes(m, v) / (ours * 1e-6) / 1e9;
+        r["epilogue_bytes"] = bytes;  // the op's HBM bytes (a finalize's GEMM2 rows included)
+        if (fin) r["gemm2_rows_read"] = sets.gemm2_rows_read(m);
+        if (c.tp == 1) r["hbm_gbps"] = bytes / (ours * 1e-6) / 1e9;
         c.rows.push_back(r);
         if (c.tp > 1) {
           c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  nccl+consumer %7.2f us (%.2fx)  floor %6.2f (+epi %.2f)%s\n",
@@ -470,8 +511,8 @@ void time_all_reduce(Ctx& c) {
                 two_launch >= 0 ? ("  two launches " + std::to_string(two_launch)).c_str() : "");
         } else {
           c.say("    %-22s %-13s M=%-5lld mhccl %7.2f us  %7.0f GB/s (%.0f%% of copy)\n", opn.c_str(),
-                variant_key(v), (long long)m, ours, epilogue_bytes(m, v) / (ours * 1e-6) / 1e9,
-                100.0 * epilogue_bytes(m, v) / (ours * 1e-6) / 1e9 / c.copy_gbps);
+                variant_key(v), (long long)m, ours, bytes / (ours * 1e-6) / 1e9,
+                100.0 * bytes / (ours * 1e-6) / 1e9 / c.copy_gbps);
         }
       }
     }
