@@ -611,13 +611,28 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // TP=1 finalize: the shared expert's pack too (added after the routed sum; in a register
   // across the route and GEMM2 loads it spilled at hc = 4).
   __shared__ uint4 shared_expert[IN == ConsumerInput::kFinalize ? kMaxThreadsPerCta : 1];
+  // kPoll (hc <= 4): the residual streams too, [HC][blockDim.x]. In registers across the publish
+  // and the wait (every source's packs in flight at once) they spilled, and a spill of a loaded
+  // value waits for the load: the kernel's first round trip came before its publish (48 bytes
+  // spilled at hc = 4 from a023957 on; ptxas -v).
+  constexpr bool kResidualStaged = IN == ConsumerInput::kPoll && HC <= 4;
+  __shared__ uint4 residual_staged[kResidualStaged ? HC * kMaxThreadsPerCta : 1];
   cp_async_mixes<HC, V>(mixes, p, row);
   if constexpr (IN == ConsumerInput::kFinalize) {
     if (rp.active) cp_async16(&shared_expert[threadIdx.x], static_cast<const uint4*>(p.fin.shared) + row * np + pack);
   }
+  if constexpr (kResidualStaged) {
+    if (rp.active) {
+#pragma unroll
+      for (int s = 0; s < HC; ++s) {
+        cp_async16(&residual_staged[s * blockDim.x + threadIdx.x],
+                   static_cast<const uint4*>(p.residual) + (row * HC + s) * np + pack);
+      }
+    }
+  }
   cp_async_commit();
   uint4 res[HC];
-  if (rp.active) {
+  if (!kResidualStaged && rp.active) {
 #pragma unroll
     for (int s = 0; s < HC; ++s) {
       res[s] = ld_input(static_cast<const uint4*>(p.residual) + (row * HC + s) * np + pack);
@@ -721,6 +736,12 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.
   cp_async_wait_all();
   __syncthreads();  // the mixes are in shared memory
+  if constexpr (kResidualStaged) {
+    if (rp.active) {
+#pragma unroll
+      for (int s = 0; s < HC; ++s) res[s] = residual_staged[s * blockDim.x + threadIdx.x];
+    }
+  }
   epilogue_pack<HC, V>(p, row, pack, rp.active, y, res, norm, mixes, warp_sums, &cluster_sum,
                        p.tiling.ctas_per_row);
 
