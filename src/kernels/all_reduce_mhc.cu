@@ -793,7 +793,7 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     constexpr int kRows = 4;
     const uint4* x = static_cast<const uint4*>(p.x);
     for (int64_t r0 = index; r0 < p.m; r0 += kRows * count) {
-      const uint32_t fault = load_fault(p.err);
+      const uint32_t fault = load_fault_gpu(p.err);
       uint4 v[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
@@ -828,7 +828,7 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
       const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
-      const uint32_t fault = load_fault(p.err);
+      const uint32_t fault = load_fault_gpu(p.err);
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
       const bool more = row + count < p.m;
@@ -844,7 +844,7 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     }
   } else if (active) {
     for (int64_t row = index; row < p.m; row += count) {
-      const uint32_t fault = load_fault(p.err);
+      const uint32_t fault = load_fault_gpu(p.err);
       const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
       if (!allowed(fault, row)) return;
       store(row, v);

@@ -189,6 +189,13 @@ __device__ __forceinline__ uint32_t call_of(const WaitSite& site) {  // error pa
 __device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
   return cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault).load(cuda::memory_order_relaxed);
 }
+// The same word with a GPU-scope relaxed load, for the publishers' per-row checks (publish_rows)
+// and the state reads: peers' system-scope stores into it land in this GPU's L2, which a
+// GPU-scope load reads (it bypasses L1): in practice it sees them when a system-scope load would;
+// it is a check against publishing after a fault, not an ordering with the peer's other stores.
+// A system-scope load of it in every lane of every row cost the streaming publishers more
+// (PERFORMANCE.md, 2026-12-03).
+__device__ __forceinline__ uint32_t load_fault_gpu(const ErrorSink& e) { return ld_relaxed_gpu(e.fault); }
 // This rank gave up a wait of `peer` (or found its call header unlike its own): every rank's
 // fault word (this one's too) names it, unless an earlier fault already stands there (the first
 // one stays).
