@@ -575,9 +575,10 @@ __device__ __forceinline__ ErrorSink consumer_sink(const ConsumerParams& p) {
 // slots reset once this call's outputs are out (peers store into them again only two calls
 // later: docs/PROTOCOL.md), for two-shot also this rank's owned contributions of the previous
 // call; then the generation advance by the CTA that took the grid's last ticket (arrive_early).
-// The previous call's headers (every writer's, in both mailboxes) are reset by CTA 0: every one
-// of them was waited for by the previous call on this rank (its checking CTAs wait for every
-// writer's), so none can still land after the reset.
+// The previous call's headers (every writer's, in both mailboxes) are reset by CTA 0: while no
+// fault is raised every one of them was waited for by the previous call on this rank (its
+// checking CTAs wait for every writer's), so none can still land after the reset (after a fault
+// one may; no later call then completes without an error: PROTOCOL.md, I19).
 __device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const Generation& g, uint32_t ticket) {
   const int64_t np = p.np;
   const int64_t slot_packs = p.slot_rows * np;

@@ -433,7 +433,7 @@ __device__ __forceinline__ Generation read_generation_cta(const LamportState* s,
   if (threadIdx.x == 0) {
     box[0] = ld_relaxed_gpu(&s->generation);
     box[1] = ld_relaxed_gpu(&s->prev_rows);
-    box[2] = ld_relaxed_gpu(e.fault);  // GPU scope, as the state (a system-scope load costs more: PERFORMANCE.md)
+    box[2] = ld_relaxed_gpu(e.fault);  // GPU scope (load_fault_gpu): peers store into it, the state is this GPU's own; a system-scope load cost more (PERFORMANCE.md)
   }
   __syncthreads();
   Generation g;

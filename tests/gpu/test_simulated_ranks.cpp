@@ -658,9 +658,11 @@ void check_calls(const std::vector<PlannedCall>& calls, int tp, const char* what
 
 // The call headers in every rank's mailboxes once calls all completed without a fault
 // (PROTOCOL.md, I19): of each protocol, its last call's generation holds that call's identity
-// from every writer w < tp, and every other header slot the sentinel. So every header a call
-// wrote was waited for and then reset by the protocol's next call on that rank: none landed
-// after the reset, where a later call of its generation would take it for its own.
+// from every writer w < tp, and every other header slot the sentinel. So no header landed after
+// its reset by the protocol's next call on that rank (one that did would be found here, unless a
+// later call of its generation overwrote it with the same writer's header, which is what it
+// then took for its own). It does not show that each header was waited for, only that none was
+// left behind at the end.
 void check_call_headers(const ConcurrentGroup& g, const std::vector<PlannedCall>& calls, const char* what) {
   const int tp = g.tp;
   const int np = static_cast<int>(ConcurrentGroup::kH / 8);
