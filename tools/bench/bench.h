@@ -1,6 +1,8 @@
 // mhccl-bench internals: options shared by the CLI (parent) and the per-rank workers.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,5 +31,10 @@ struct Options {
 // Runs this process as one rank of a TP group (rank environment from mhccl-launch); returns the
 // exit code: 0, or 1 when a check failed.
 int run_worker(const Options& opts);
+
+// --ops simulated (TP=1 pass only, never by default): AllReduceMHC's Lamport paths with TP = 2
+// and 4 ranks simulated on this one GPU (tools/bench/simulated.cpp); rows into `rows`. Returns
+// the number of cases in which a rank recorded an error.
+int time_simulated_ranks(const Options& opts, std::vector<nlohmann::json>& rows);
 
 }  // namespace mhccl::bench

@@ -660,6 +660,14 @@ int run_worker(const Options& opts) {
     if (opts.wants("allreduce")) time_all_reduce(c);
     if (opts.wants("twoshot")) time_two_shot(c);
     if (opts.wants("fp8")) time_fp8(c);
+    if (opts.wants("simulated") && c.tp == 1) {
+      try {
+        c.failures += time_simulated_ranks(opts, c.rows);
+      } catch (const std::exception& e) {
+        c.say("  simulated ranks: FAILED: %s\n", e.what());
+        ++c.failures;
+      }
+    }
   }
   for (json& r : c.rows) {
     const std::string op = r.value("op", "");
