@@ -236,12 +236,6 @@ __device__ __forceinline__ void cp_async_wait_all_but_newest() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-// Every group but the `newest` (0, 1 or 2) most recently committed ones complete.
-__device__ __forceinline__ void cp_async_wait_all_but(int newest) {
-  if (newest >= 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
-  else if (newest == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
-  else asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
 
 // A row's mixes (post [HC], comb [HC][HC], pre [HC]; pre not for residual_only) into `mixes`
 // with cp.async, spread over the CTA's threads; the caller commits and waits.
@@ -879,19 +873,6 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
   }
 }
 
-// Rows the streaming consumer stages (2: the current one and the next; 3: two ahead), a function
-// of the launch only (host and device compute it alike): 3 where they fit kMaxStreamingSmemDeep,
-// except for kPoll. Why 3: a CTA an SM (640 threads at 96 registers), and one row ahead, an SM
-// has one row's loads in flight as it starts a row's arithmetic and none once they landed,
-// which at the SM's share of HBM (about 32 GB/s) is less than its bandwidth-latency product;
-// two rows ahead keep it above. kPoll keeps 2: a slot copied two rows ahead of its
-// consumption more often still holds the sentinel (another round trip in the wait).
-__host__ __device__ constexpr int streaming_stages(int hc, ConsumerInput input, int inputs, int threads, int top_k) {
-  const size_t gemm2 = input == ConsumerInput::kFinalize ? static_cast<size_t>(top_k < 8 ? top_k : 8) : 0;
-  const size_t deep = (3 * static_cast<size_t>(hc + inputs) + gemm2) * threads * 16;
-  return input != ConsumerInput::kPoll && deep <= kMaxStreamingSmemDeep ? 3 : 2;
-}
-
 // The consuming part of the streaming consumer: rows first, first + step, ... of one CTA each,
 // the next row's inputs, residual streams and mixes copied into shared memory (cp.async) while
 // the current one is computed. IN = kDirect: the input is x or the reduced rows; kPoll: the
@@ -899,20 +880,19 @@ __host__ __device__ constexpr int streaming_stages(int hc, ConsumerInput input, 
 // landed goes to the bounded wait); kFinalize (TP=1): the input is the shared expert's row, and
 // the row's first kFinalizeGroup routes and weights come with it; the row's GEMM2 packs of those
 // routes are then copied into shared memory too (one buffer, no registers held), while the next
-// row's copies are in flight: one dependent round trip a row. Rows are staged `stages` deep
-// (streaming_stages): the copies of row + (stages - 1) * step go out as row starts.
+// row's copies are in flight: one dependent round trip a row.
 template <int HC, ConsumerInput IN, ConsumerVariant V>
 __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Generation& g, int64_t first,
                                              int64_t step) {
   const uint32_t gen = g.current;
   constexpr int kMixes = 2 * HC + HC * HC;  // post [HC], comb [HC][HC], pre [HC]
-  // [stages][HC + inputs][blockDim.x]: residual streams, then inputs; kFinalize then
+  // [2][HC + inputs][blockDim.x]: residual streams, then inputs; kFinalize then
   // [min(top_k, kFinalizeGroup)][blockDim.x]: the current row's GEMM2 packs (streaming_smem).
   extern __shared__ uint4 stage_packs[];
-  __shared__ float warp_sums[kMaxStages][kMaxThreadsPerCta / 32];
-  __shared__ float mixes[kMaxStages][kMixes];
-  __shared__ int32_t routes[kMaxStages][kFinalizeGroup];  // kFinalize: the row's first route group
-  __shared__ float weights[kMaxStages][kFinalizeGroup];
+  __shared__ float warp_sums[2][kMaxThreadsPerCta / 32];
+  __shared__ float mixes[2][kMixes];
+  __shared__ int32_t routes[2][kFinalizeGroup];  // kFinalize: the row's first route group
+  __shared__ float weights[2][kFinalizeGroup];
   __shared__ uint4 headers[kMaxTp];  // kPoll, consumer 0: the call's header of each writer (thread s copies writer s's)
   const int64_t np = p.np;
   const int pack = static_cast<int>(threadIdx.x);
@@ -921,8 +901,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   const int inputs = IN == ConsumerInput::kPoll ? p.nslots : 1;
   const int routes_staged = IN == ConsumerInput::kFinalize ? min(p.fin.top_k, kFinalizeGroup) : 0;
   const int stage_stride = (HC + inputs) * threads;
-  const int stages = streaming_stages(HC, IN, inputs, threads, p.fin.top_k);
-  uint4* const gemm2_packs = stage_packs + stages * stage_stride;  // kFinalize
+  uint4* const gemm2_packs = stage_packs + 2 * stage_stride;  // kFinalize
   const uint4* residual = static_cast<const uint4*>(p.residual);
   const uint4* in = static_cast<const uint4*>(p.in);
   const int64_t slot_packs = p.slot_rows * np;
@@ -961,24 +940,18 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
     cp_async_commit();
   };
 
-  // The first stages - 1 rows, a group each (an empty group past the last row: each row's wait
-  // below counts groups).
-  for (int i = 0; i < stages - 1; ++i) {
-    if (first + i * step < p.m) prefetch(first + i * step, i);
-    else cp_async_commit();
-  }
   int stage = 0;
-  for (int64_t row = first; row < p.m; row += step, stage = stage + 1 == stages ? 0 : stage + 1) {
-    // Row `ahead` goes into the previous row's stage, whose last readers finished: every thread
-    // passed the previous row's barrier (the RMS sum's, or the one at the end for residual_only)
-    // after its last read of that stage's mixes, and reads only the packs it copied itself.
-    const int64_t ahead = row + (stages - 1) * step;
-    const int ahead_stage = stage == 0 ? stages - 1 : stage - 1;
+  int64_t row = first;
+  if (row < p.m) prefetch(row, 0);
+  for (; row < p.m; row += step, stage ^= 1) {
+    // The next row goes into the other stage, whose last readers finished: every thread passed
+    // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
+    // its last read of that stage's mixes, and reads only the packs it copied itself.
+    const int64_t next = row + step;
     if constexpr (IN == ConsumerInput::kFinalize) {
-      // This row's stage first (its routes give the GEMM2 rows; newer: the previous row's GEMM2
-      // group, complete, and at 3 stages the next row's), then the GEMM2 packs, then row
-      // `ahead`'s stage; waiting for all but the newest group waits for the GEMM2 packs.
-      cp_async_wait_all_but(stages - 2);
+      // This row's stage first (its routes give the GEMM2 rows), then the GEMM2 packs, then the
+      // next row's stage; waiting for all but the newest group waits for the GEMM2 packs.
+      cp_async_wait_all();
       __syncthreads();  // the routes, weights and mixes other threads copied are visible
       if (active) {
         for (int j = 0; j < routes_staged; ++j) {
@@ -990,13 +963,13 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
         }
       }
       cp_async_commit();
-      if (ahead < p.m) prefetch(ahead, ahead_stage);
+      if (next < p.m) prefetch(next, stage ^ 1);
       else cp_async_commit();
       cp_async_wait_all_but_newest();  // each thread reads only the GEMM2 packs it copied
     } else {
-      if (ahead < p.m) prefetch(ahead, ahead_stage);
-      else cp_async_commit();  // an empty group: the groups newer than this row's stay stages - 1
-      cp_async_wait_all_but(stages - 1);
+      if (next < p.m) prefetch(next, stage ^ 1);
+      else cp_async_commit();  // an empty group: "all but the newest" stays this row's
+      cp_async_wait_all_but_newest();
       __syncthreads();  // the mixes other threads copied are visible
     }
     const uint4* st = stage_packs + stage * stage_stride;
@@ -1082,8 +1055,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
 // part of the grid is resident and in whatever order CTAs start: roles go by arrival, so every
 // publisher and owner is a running CTA before any consumer exists; publishers wait for nothing,
 // owners for publishers (of every rank), consumers for publishers and owners.
-// Shared memory: streaming_stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp
-// sums a stage.
+// Shared memory: 2 stages x (HC + inputs) x blockDim.x packs (dynamic), mixes and warp sums x 2.
 // kFin (kPoll): the publishing CTAs reduce this rank's finalize inputs instead of loading x (a
 // separate kernel, so the call's kernel carries none of the finalize code and its registers).
 template <int HC, ConsumerInput IN, ConsumerVariant V, bool kFin = false>
@@ -1185,11 +1157,10 @@ ConsumerFn streaming_consumer_for(int hc, ConsumerInput in, ConsumerVariant v, b
   return nullptr;
 }
 
-// Dynamic shared memory of the streaming consumer: streaming_stages x (hc + inputs) packs a
-// thread; kFinalize also a buffer of the first route group's GEMM2 packs, min(top_k, 8) a thread.
+// Dynamic shared memory of the streaming consumer: 2 stages x (hc + inputs) packs a thread;
+// kFinalize also a buffer of the first route group's GEMM2 packs, min(top_k, 8) a thread.
 size_t streaming_smem(int hc, ConsumerInput input, int inputs, int threads, int top_k) {
-  const int packs = streaming_stages(hc, input, inputs, threads, top_k) * (hc + inputs) +
-                    (input == ConsumerInput::kFinalize ? std::min(top_k, kFinalizeGroup) : 0);
+  const int packs = 2 * (hc + inputs) + (input == ConsumerInput::kFinalize ? std::min(top_k, kFinalizeGroup) : 0);
   return static_cast<size_t>(packs * threads) * sizeof(uint4);
 }
 
@@ -1237,7 +1208,7 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
                                      int threads, int top_k) {
   const size_t smem = streaming_smem(hc, input, inputs, threads, top_k);
-  if (streaming_stages(hc, input, inputs, threads, top_k) == 2 && smem > kMaxStreamingSmem) return 0;
+  if (smem > kMaxStreamingSmem) return 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
@@ -1251,7 +1222,7 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
     int per_sm = 0;
     if (fn == nullptr ||
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kMaxStreamingSmemDeep)) != cudaSuccess ||
+                             static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
       cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
       return 0;

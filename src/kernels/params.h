@@ -264,11 +264,6 @@ constexpr int kSmallMCtasPerRow = 5;
 // (TP=2 one-shot 120 KiB, TP=4 160 KiB); hc = 8 at 512 threads 144 KiB (TP=2 160 KiB, TP=4
 // 192 KiB). Above it (TP=8 one-shot) the CTA-per-row consumer runs.
 constexpr size_t kMaxStreamingSmem = 200 * 1024;
-// ... and at 3 stages (streaming_stages: the direct and TP=1 finalize consumers, where they fit;
-// hc = 4 at 640 threads: 150 KiB, the finalize 210 KiB): sm_90 gives a CTA 227 KiB, less the
-// kernel's static shared memory (about 1 KiB).
-constexpr size_t kMaxStreamingSmemDeep = 220 * 1024;
-constexpr int kMaxStages = 3;
 // The automatic choice (streaming_min_rows = -1) of the polling consumer: the one-shot call
 // streams (one launch, its own publishing CTAs) from this many rows; two-shot does not. Measured
 // on one H200 through the own mailbox (TP=1 self-test, docs/PERFORMANCE.md): streaming is 8%
