@@ -82,11 +82,11 @@ __global__ void launch_floor_kernel(int* flag) {
   if (threadIdx.x == 0) *flag = 1;
 }
 
-// The row floor's kernel: one CTA, a thread a pack; every thread loads its packs of the row's
+// The row floor's kernel: a thread a pack, 128 threads a CTA; every thread loads its packs of the row's
 // `streams` input rows, then stores them (XOR-folded, so each store depends on every load) into
 // `streams` output rows. No arithmetic beyond that, no reduction.
 __global__ void row_floor_kernel(const uint4* in, uint4* out, int np, int streams) {
-  const int pack = static_cast<int>(threadIdx.x);
+  const int pack = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (pack >= np) return;
   uint4 v[16];
   uint4 f = make_uint4(0, 0, 0, 0);
@@ -204,8 +204,9 @@ void launch_floor(int* flag, cudaStream_t stream) {
 
 void launch_row_floor(const void* in, void* out, int64_t hidden, int streams, cudaStream_t stream) {
   const int np = static_cast<int>(hidden / 8);
-  row_floor_kernel<<<1, (np + 31) / 32 * 32, 0, stream>>>(static_cast<const uint4*>(in), static_cast<uint4*>(out), np,
-                                                          std::min(streams, 16));
+  constexpr int kThreads = 128;  // a row over ceil(np / 128) CTAs: 5 at H = 5120, as the call's tiling at M = 1
+  row_floor_kernel<<<(np + kThreads - 1) / kThreads, kThreads, 0, stream>>>(static_cast<const uint4*>(in),
+                                                                            static_cast<uint4*>(out), np, std::min(streams, 16));
 }
 
 }  // namespace mhccl::bench

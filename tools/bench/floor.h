@@ -28,11 +28,12 @@ class LamportFloor {
 // launched plainly (no PDL). Timed as the ops are, it is what a CUDA graph's node costs with
 // no work at all: the floor of a TP=1 call.
 void launch_floor(int* flag, cudaStream_t stream);
-// The row floor: one kernel of one CTA that loads `streams` rows of `hidden` BF16 from `in`
-// (a thread a 16-byte pack of each) and then stores them into `out` (at most 16 rows): the
-// bytes of a TP=1 call at M = 1 (x and hc residual streams in, hc + 1 rows out) with no
-// arithmetic. Above the launch floor by one dependent round trip to memory and the stores: the
-// least any kernel that reads its inputs before it writes costs.
+// The row floor: one kernel that loads `streams` rows of `hidden` BF16 from `in` (a thread a
+// 16-byte pack of each, 128 threads a CTA: 5 CTAs at H = 5120, the call's tiling at M = 1) and
+// then stores them into `out` (at most 16 rows): the bytes of a TP=1 call at M = 1 (x and hc
+// residual streams in, hc + 1 rows out) with no arithmetic and no reduction. Above the launch
+// floor by one dependent round trip to memory and the stores: the least a kernel that reads its
+// inputs before it writes them costs.
 void launch_row_floor(const void* in, void* out, int64_t hidden, int streams, cudaStream_t stream);
 
 // Device-to-device copy bandwidth, bytes read plus bytes written per second.

@@ -26,6 +26,10 @@ using testing::CallBuffers;
 using testing::Problem;
 using testing::Variant;
 
+// A path's grids of every rank must fit the device together (one GPU simulates them all): a
+// CTA-per-row consumer waits for its peers' publish kernels, which cannot start while the
+// spinning consumers hold every SM (TP = 4, publish + consumer at M = 64: 256 CTAs of 640
+// threads on 132 SMs timed out on one H200). Real ranks, a GPU each, never need that.
 struct Case {
   Kind kind;
   int64_t m;
@@ -98,7 +102,7 @@ double time_case(ConcurrentGroup& g, const Case& cs, int calls, int repeats, std
 int time_simulated_ranks(const Options& o, std::vector<json>& rows) {
   const std::vector<Case> cases = {
       {Kind::kSingle, 1, false},        {Kind::kSingle, 8, false},   {Kind::kSingle, 1, true},
-      {Kind::kPhasedOneShot, 64, false}, {Kind::kTwoShot, 8, false}, {Kind::kTwoShot, 64, false},
+      {Kind::kPhasedOneShot, 8, false}, {Kind::kTwoShot, 8, false}, {Kind::kTwoShot, 64, false},
       {Kind::kTwoShot, 8, true},
   };
   int failures = 0;

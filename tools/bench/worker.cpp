@@ -460,14 +460,14 @@ void time_all_reduce(Ctx& c) {
     c.rows.push_back(json{{"op", "launch_floor"}, {"tp", c.tp}, {"us_median", us},
                           {"note", "one kernel of one warp storing one int, launched without PDL"}});
     c.say("    launch floor (one tiny kernel)          %7.2f us\n", us);
-    // The row floor: the M = 1 call's bytes (x and kHc residual rows in, kHc + 1 rows out) by one
-    // CTA, loads then stores, nothing else; the inputs rotate over the sets as the ops' do.
+    // The row floor: the M = 1 call's bytes (x and kHc residual rows in, kHc + 1 rows out), loads
+    // then stores, nothing else; the inputs rotate over the sets as the ops' do.
     const double row_us = c.time_calls([&](int i) {
       launch_row_floor(sets[i].residual, sets[i].res_out, kH, 1 + kHc, c.stream);
     });
     c.rows.push_back(json{{"op", "row_floor"}, {"tp", c.tp}, {"m", 1}, {"hidden", kH}, {"us_median", row_us},
-                          {"note", "one CTA loading 1 + hc rows of H BF16, then storing them; launched without PDL"}});
-    c.say("    row floor (one CTA, M = 1's bytes)      %7.2f us\n", row_us);
+                          {"note", "128-thread CTAs loading 1 + hc rows of H BF16, then storing them; launched without PDL"}});
+    c.say("    row floor (M = 1's bytes, no arithmetic) %6.2f us\n", row_us);
   }
   for (int64_t m : ms) {
     double floor_us = -1;
