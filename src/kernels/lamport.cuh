@@ -184,15 +184,17 @@ __device__ __forceinline__ uint32_t call_of(const WaitSite& site) {  // error pa
 
 // --- Fault containment (PROTOCOL.md, I12b) ----------------------------------------------------
 // This rank's fault word (params.h, fault_word): 0 while no rank of the group gave up a wait or
-// found a divergence. One per communicator: every kernel of every op reads it. System scope:
-// peers store into it over NVLink.
+// found a divergence. One per communicator: every kernel of every op reads it. Peers store into
+// it over NVLink (system-scope atomics); this load is system scope too (the waits' reads).
 __device__ __forceinline__ uint32_t load_fault(const ErrorSink& e) {
   return cuda::atomic_ref<uint32_t, cuda::thread_scope_system>(*e.fault).load(cuda::memory_order_relaxed);
 }
-// The same word with a GPU-scope relaxed load, for the publishers' per-row checks (publish_rows)
-// and the state reads: peers' system-scope stores into it land in this GPU's L2, which a
-// GPU-scope load reads (it bypasses L1): in practice it sees them when a system-scope load would;
-// it is a check against publishing after a fault, not an ordering with the peer's other stores.
+// The same word with a GPU-scope relaxed load (the load read_generation_cta makes too), for the
+// publishers' per-row checks (publish_rows). The PTX memory model does not promise that it sees a
+// peer's system-scope store (the two are not morally strong); it rests on the word living in
+// this GPU's memory, whose L2 the peers' NVLink stores land in and a GPU-scope load reads
+// (bypassing L1). It is a check against publishing after a fault, not an ordering with the
+// peer's other stores: a fault raised after it is caught by the next check or the waits.
 // A system-scope load of it in every lane of every row cost the streaming publishers more
 // (PERFORMANCE.md, 2026-12-03).
 __device__ __forceinline__ uint32_t load_fault_gpu(const ErrorSink& e) { return ld_relaxed_gpu(e.fault); }

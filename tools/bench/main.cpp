@@ -63,7 +63,10 @@ double num(const json& r, const char* k) { return r.contains(k) && r[k].is_numbe
 
 void print_tables(const std::vector<json>& rows) {
   std::map<int, std::vector<json>> by_tp;
-  for (const json& r : rows) by_tp[r["tp"].get<int>()].push_back(r);
+  for (const json& r : rows) {
+    if (r.value("simulated", false)) continue;  // printed by the TP=1 worker itself, not a TP group's row
+    by_tp[r["tp"].get<int>()].push_back(r);
+  }
   for (auto& [tp, rs] : by_tp) {
     bool head = false;
     for (const json& r : rs) {

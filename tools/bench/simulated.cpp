@@ -29,7 +29,10 @@ using testing::Variant;
 // A path's grids of every rank must fit the device together (one GPU simulates them all): a
 // CTA-per-row consumer waits for its peers' publish kernels, which cannot start while the
 // spinning consumers hold every SM (TP = 4, publish + consumer at M = 64: 256 CTAs of 640
-// threads on 132 SMs timed out on one H200). Real ranks, a GPU each, never need that.
+// threads on 132 SMs had every rank's waits expire on one H200, 2026-12-03). Real ranks, a GPU
+// each, never need that. The two-shot at TP = 4, M = 64 (also 64 CTAs a rank) passed there: its
+// consumers wait for owners that wait only for publish kernels, which had started; it is kept,
+// and a recorded error would mark it failed.
 struct Case {
   Kind kind;
   int64_t m;
