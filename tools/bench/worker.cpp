@@ -491,7 +491,8 @@ void time_all_reduce(Ctx& c) {
             });
           }
         }
-        const double bytes = op_bytes(m, v, fin, sets.gemm2_rows_read(m));
+        const double gemm2_rows = fin ? sets.gemm2_rows_read(m) : 0.0;
+        const double bytes = op_bytes(m, v, fin, gemm2_rows);
         const double epi_us = bytes / (c.copy_gbps * 1e9) * 1e6;
         const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
         json r = base_row(c, opn, variant_key(v), c.tp == 1 ? "tp1" : protocol_name(op.protocol_for(m, fin)), m);
@@ -502,7 +503,7 @@ void time_all_reduce(Ctx& c) {
         if (two_launch >= 0) r["two_launch_us"] = two_launch;
         r["epilogue_hbm_us"] = epi_us;
         r["epilogue_bytes"] = bytes;  // the op's HBM bytes (a finalize's GEMM2 rows included)
-        if (fin) r["gemm2_rows_read"] = sets.gemm2_rows_read(m);
+        if (fin) r["gemm2_rows_read"] = gemm2_rows;
         if (c.tp == 1) r["hbm_gbps"] = bytes / (ours * 1e-6) / 1e9;
         c.rows.push_back(r);
         if (c.tp > 1) {
@@ -604,7 +605,7 @@ void time_two_shot(Ctx& c) {
       }
       const double row_bytes = double(m) * kH * 2;
       const double nvlink_two = 2.0 * (c.tp - 1) / c.tp * row_bytes, nvlink_one = (c.tp - 1) * row_bytes;
-      const double hbm = epilogue_bytes(m, Variant::kPlain);
+      const double hbm = op_bytes(m, Variant::kPlain, fin, fin ? sets.gemm2_rows_read(m) : 0.0);
       const double floor_two = std::max(nvlink_two / (c.peer_gbps * 1e9), hbm / (c.copy_gbps * 1e9)) * 1e6;
       const std::string opn = fin ? "allreduce_mhc.finalize" : "allreduce_mhc.call";
       for (int k = 0; k < 3; ++k) {

@@ -289,9 +289,7 @@ struct ConcurrentGroup {
     OwnerReduceParams orp;
     ConsumerParams cp;
     build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b, rejected[r]);
-    const ConsumerVariant cv = v == Variant::kPlain ? ConsumerVariant::kPlain
-                               : v == Variant::kMxfp8 ? ConsumerVariant::kMxfp8
-                                                      : ConsumerVariant::kResidualOnly;
+    const ConsumerVariant cv = consumer_variant(v);
     cudaStream_t s = ranks[r]->stream;
     switch (kind) {
       case Kind::kSingle:
