@@ -105,8 +105,12 @@ class Communicator {
   // of pairing the ranks' calls wrongly for good (a call rejected alike on every rank leaves the
   // counts equal and the ops usable). The ops count their own rejections; a binding that rejects
   // a call before it reaches an op (its own argument checks, an allocation that failed) calls
-  // note_rejected_call() so that its rejections count too.
-  void note_rejected_call();
+  // note_rejected_call(stream) with the stream the call was made on, so that its rejections
+  // count too. The count the calls carry is advanced in stream order on that stream (one tiny
+  // kernel), so a CUDA graph replayed after a rejection carries the count of its replay, not of
+  // its capture; a rejection during a capture is part of the graph (each replay counts it).
+  // Where the count cannot be enqueued on `stream` the communicator becomes unusable (TP > 1).
+  void note_rejected_call(cudaStream_t stream);
   uint32_t rejected_calls() const;
 
   // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`. At

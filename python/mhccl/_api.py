@@ -564,8 +564,21 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
         return fn(*args, **kwargs)
     except BaseException:
         if comm.rejected_calls == before:
-            comm.note_rejected_call()
+            comm.note_rejected_call(_rejection_stream(op))
         raise
+
+
+def _rejection_stream(op: Any) -> int:
+    """The stream a rejected call of ``op`` was made on: PyTorch's current stream of the op's
+    device, where the count of rejected calls advances (in stream order, so that the next call
+    enqueued there carries it); the legacy default stream where there is none to be had."""
+    device = getattr(op, "_device", None)
+    if device is None:
+        return 0
+    try:
+        return _stream(device)
+    except Exception:  # no usable CUDA here: the legacy default stream
+        return 0
 
 
 def _compiling() -> bool:

@@ -252,7 +252,10 @@ NB_MODULE(_mhccl, m) {
       .def_prop_ro("usable", &mhccl::Communicator::usable)
       .def("check_errors", &mhccl::Communicator::check_errors)
       .def_prop_ro("rejected_calls", &mhccl::Communicator::rejected_calls)
-      .def("note_rejected_call", &mhccl::Communicator::note_rejected_call);
+      // The stream the rejected call was made on (the count advances in stream order on it).
+      .def("note_rejected_call",
+           [](mhccl::Communicator& c, uintptr_t stream) { c.note_rejected_call(as_stream(stream)); },
+           nb::arg("stream"));
 
   nb::class_<mhccl::AllReduceMHC>(m, "AllReduceMHC")
       .def("__init__", [](mhccl::AllReduceMHC* self, mhccl::Communicator& comm, int64_t hidden_size,

@@ -281,9 +281,11 @@ class _CountingComm:
 
     def __init__(self):
         self.rejected_calls = 0
+        self.streams = []
 
-    def note_rejected_call(self):
+    def note_rejected_call(self, stream):
         self.rejected_calls += 1
+        self.streams.append(stream)
 
 
 def test_rejected_calls_are_counted_once_on_the_communicator():
@@ -299,7 +301,7 @@ def test_rejected_calls_are_counted_once_on_the_communicator():
         raise ValueError("x: expected shape [M, 5120], got [3, 7]")
 
     def cxx_rejects():  # as the C++ op does: counts, then throws
-        op._comm.note_rejected_call()
+        op._comm.note_rejected_call(0)
         raise ValueError("x: expected dtype bfloat16")
 
     for fn, want in ((python_check, 1), (cxx_rejects, 2), (python_check, 3)):
@@ -312,3 +314,5 @@ def test_rejected_calls_are_counted_once_on_the_communicator():
     with pytest.raises(ValueError):
         _api._counting_rejections(op, lambda: _api._counting_rejections(op, python_check))
     assert op._comm.rejected_calls == 4
+    # Counted on a stream (an op without a device: the legacy default stream, 0).
+    assert op._comm.streams == [0, 0, 0, 0]

@@ -186,7 +186,7 @@ void init_common(Communicator::Impl& im) {
   im.agree("Communicator", {{"force_nccl_fallback", im.options.force_nccl_fallback}, {"peers reachable", im.reachable}},
            nullptr);
   if (im.options.force_nccl_fallback) im.reachable = false;
-  im.alloc_window(sizeof(uint32_t), 0u, im.reachable && im.tp > 1, im.fault_window);
+  im.alloc_window(Communicator::Impl::kFaultWindowBytes, 0u, im.reachable && im.tp > 1, im.fault_window);
   im.setup_wait("Communicator construction");
   if (detail::debug_info()) {
     try {  // a report that fails must not fail a construction every rank completed
@@ -740,7 +740,25 @@ ncclComm_t Communicator::nccl() const { return impl_->comm; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options; }
 bool Communicator::peers_reachable() const { return impl_->reachable; }
 void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
-void Communicator::note_rejected_call() { ++impl_->rejected; }
+void Communicator::note_rejected_call(cudaStream_t stream) { impl_->count_rejected(stream); }
+
+void Communicator::Impl::count_rejected(cudaStream_t stream) noexcept {
+  ++rejected;
+  if (fault_window.ptr == nullptr) return;  // no device state (a communicator of the CPU tests)
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  const cudaError_t st = kernels::launch_count_u32(rejected_word(), stream);
+  if (st != cudaSuccess) cudaGetLastError();  // the launch's own error (not sticky)
+  if (prev >= 0) cudaSetDevice(prev);
+  if (st != cudaSuccess && tp > 1 && !unusable) {
+    unusable = true;
+    unusable_reason = "a call rejected on rank " + std::to_string(rank) +
+                      " could not be counted on its stream (" + cudaGetErrorString(st) +
+                      "): this rank's calls no longer carry its count of rejected calls, which pairs its calls with its "
+                      "peers' (PROTOCOL.md, I19); destroy the communicator and its ops and build them again";
+  }
+}
 uint32_t Communicator::rejected_calls() const { return impl_->rejected; }
 bool Communicator::usable() const { return !impl_->unusable; }
 

@@ -91,7 +91,9 @@ struct Communicator::Impl {
   ErrorContext unusable_context;
   // Calls of this communicator's ops rejected on this rank so far (by the library's checks or a
   // binding's: note_rejected_call). Every call's identity carries it, so a call rejected on some
-  // ranks only is found by the peers of the next call (PROTOCOL.md, I19).
+  // ranks only is found by the peers of the next call (PROTOCOL.md, I19). The kernels read the
+  // device copy (rejected_word(), advanced in stream order by count_rejected), so that a CUDA
+  // graph's replay carries the count of its time; this one is the host's view of it.
   uint32_t rejected = 0;
   // This rank's fault word was seen set (read_fault_word): teardown then waits for no peer.
   bool fault_seen = false;
@@ -112,11 +114,22 @@ struct Communicator::Impl {
   void free_window(Window& w);
   // The fault words (kernels/params.h, fault_word; PROTOCOL.md I12b): one uint32 a rank, shared
   // over the group where peers are reachable (every rank's kernels store a fault into every
-  // rank's word), this rank's alone otherwise.
+  // rank's word), this rank's alone otherwise; beside each (the word after it, one 8-byte
+  // aligned pair the kernels read in one load) the rank's device count of rejected calls,
+  // written by that rank only (count_rejected).
   Window fault_window;
+  static constexpr size_t kFaultWindowBytes = 2 * sizeof(uint32_t);
   uint32_t* fault_word_local() const {
     return static_cast<uint32_t*>(fault_window.peers[fault_window.plain ? 0 : rank]);
   }
+  uint32_t* rejected_word() const { return fault_word_local() + 1; }
+  // Counts a call of this rank rejected before anything of it went out: `rejected`, and the
+  // device count (rejected_word) by one in stream order on `stream`, the call's: the next call
+  // enqueued there (a kernel reading it as a CUDA graph replays, too) carries the new count. An
+  // increment that cannot be enqueued (the stream is broken, or its capture invalidated) leaves
+  // the device count behind this rank's calls: the communicator becomes unusable at TP > 1.
+  // Never throws.
+  void count_rejected(cudaStream_t stream) noexcept;
 
   // Symmetric allocations left by buffers destroyed after a peer failed: freed only after
   // ncclCommAbort has released their windows (deregistration may wait for the dead peer).
@@ -136,18 +149,19 @@ struct Communicator::Impl {
   // rank raised that no kernel of this rank saw yet), so that a faulted communicator raises on
   // every rank before any collective.
   void check_for_construction(const char* what);
-  // Runs an op's call `body(launched)`: body sets `launched` once anything that pairs with the
-  // peers (a Lamport kernel, an NCCL call) went out. An exception before that counts the call as
-  // rejected on this rank (`rejected`); one after it leaves the communicator unusable at TP > 1
-  // (this rank's protocol state or NCCL sequence would be apart from its peers').
+  // Runs an op's call `body(launched)` on `stream`: body sets `launched` once anything that pairs
+  // with the peers (a Lamport kernel, an NCCL call) went out. An exception before that counts the
+  // call as rejected on this rank (count_rejected on `stream`); one after it leaves the
+  // communicator unusable at TP > 1 (this rank's protocol state or NCCL sequence would be apart
+  // from its peers').
   template <class Body>
-  void guarded_call(const char* what, Body&& body) {
+  void guarded_call(const char* what, cudaStream_t stream, Body&& body) {
     bool launched = false;
     try {
       body(launched);
     } catch (const Error& e) {
       if (!launched) {
-        ++rejected;
+        count_rejected(stream);
       } else if (tp > 1 && !unusable) {
         unusable = true;
         unusable_context = e.context();
@@ -157,7 +171,7 @@ struct Communicator::Impl {
       }
       throw;
     } catch (...) {
-      if (!launched) ++rejected;
+      if (!launched) count_rejected(stream);
       throw;
     }
   }

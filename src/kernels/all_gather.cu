@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   uint32_t* local_words = static_cast<uint32_t*>(p.mailboxes[0]);
   const int64_t cap = p.capacity_packs;
   const int64_t my_slot = (static_cast<int64_t>(g.current) * p.tp + p.rank) * cap;
-  const uint4 want = identity_pack(p.id, g.current);
+  const uint4 want = identity_pack(p.id, g);
   const WaitSite site{kProtoAllGather, -1, g.current, first, p.state};
   // Once a fault stands, nothing goes into any peer's mailbox (PROTOCOL.md, I12b); the waits below
   // then end at once and the record says why.

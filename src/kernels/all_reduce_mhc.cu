@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const RowPack rp = row_pack(p.tiling, p.np);
   pdl_wait();  // x / the finalize inputs come from the predecessor; so may our last consumer
   // The generation is read before the dependents may start (they end the call and advance it).
-  Generation g{0, 0, 0, 0};
+  Generation g{0, 0, 0, 0, 0};
   if (p.dest != PublishDest::kLocal) g = read_generation(p.state, p.err);
   const uint32_t gen = g.current;
   pdl_launch_dependents();
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) publish_kernel(const Publis
   const WaitSite site{proto, -1, gen, rp.row, p.state};
   // The call's header first, by thread 0 of CTA 0 (row 0, part 0): into every rank's mailbox.
   if (blockIdx.x == 0 && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
-    publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, gen, identity_pack(p.id, gen));
+    publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, gen, identity_pack(p.id, g));
   }
   if (!rp.active) return;
   uint4 v;
@@ -396,14 +396,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
   // Before the consumer may start (and end the call); without griddepcontrol.wait: relaxed loads.
-  __shared__ uint32_t state_box[3];
+  __shared__ StateBox state_box;
   const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   // Warp 0 of CTA 0 checks the call's headers (owner_headers), with or without a row to reduce.
   const bool checker = blockIdx.x == 0 && threadIdx.x < 32;
   const uint4* const hdr = checker ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, g.current) : nullptr;
-  const uint4 want = identity_pack(p.id, g.current);
+  const uint4 want = identity_pack(p.id, g);
   if (row >= p.m) {  // the whole CTA: this rank owns no row (M <= rank)
     if (checker) {
       owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
@@ -644,17 +644,17 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // whose arithmetic would hold a later state load back): the state's round trip overlaps the
   // first of the row's.
   uint4 mine = make_uint4(0, 0, 0, 0);
-  Generation g{0, 0, 0, 0};
+  Generation g{0, 0, 0, 0, 0};
   if constexpr (IN == ConsumerInput::kPoll) {
     const bool publish = p.publish_first && rp.active;
     if (publish && p.x != nullptr) mine = ld_input(static_cast<const uint4*>(p.x) + row * np + pack);
-    __shared__ uint32_t state_box[3];
+    __shared__ StateBox state_box;
     g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
     if (publish && p.x == nullptr) mine = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
     const WaitSite site{p.protocol, -1, g.current, row, p.state};
     // The call's header before its first pack (thread 0 of CTA 0: row 0, part 0).
     if (p.publish_first && blockIdx.x == 0 && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
-      publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, g.current, identity_pack(p.id, g.current));
+      publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, g.current, identity_pack(p.id, g));
     }
     if (publish && may_publish(p.err, g.fault, site)) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     round_sum_to_bf16<IN>(y, p.nslots);
   }
   if (checks_header) {
-    check_header<Bf16Lanes>(header_at(), header, identity_pack(p.id, g.current), consumer_sink(p),
+    check_header<Bf16Lanes>(header_at(), header, identity_pack(p.id, g), consumer_sink(p),
                             WaitSite{p.protocol, static_cast<int>(threadIdx.x), g.current, row, p.state});
   }
 
@@ -774,7 +774,7 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
     v = publishable<Bf16Lanes>(v);
     if (pack == 0 && row == 0) {
       publish_call_header(p.targets, p.tp, p.rank, two_shot ? p.owner_rows : p.slot_rows, p.np, gen,
-                          identity_pack(p.id, gen));
+                          identity_pack(p.id, gs));
     }
     if (!two_shot) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(gen, p.tp, p.rank, p.slot_rows, row, p.np, pack), v);
@@ -858,7 +858,7 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
   if (!checker && !active) return;
   const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
   const uint4* const hdr = checker ? owner_header_at(p.contributions, p.tp, p.owner_rows, p.np, g.current) : nullptr;
-  const uint4 want = identity_pack(p.id, g.current);
+  const uint4 want = identity_pack(p.id, g);
   if (checker && owned == 0) {
     owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank, p.slot_rows,
                   p.np, want, g, p.state, p.err);
@@ -1028,7 +1028,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
       }
     }
     if (checks_header && row == 0) {  // the call's headers (PROTOCOL.md, I19)
-      check_header<Bf16Lanes>(header_at(), headers[pack], identity_pack(p.id, gen), consumer_sink(p),
+      check_header<Bf16Lanes>(header_at(), headers[pack], identity_pack(p.id, g), consumer_sink(p),
                               WaitSite{p.protocol, pack, gen, row, p.state});
     }
     epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
@@ -1063,7 +1063,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
   if (p.wait_predecessor) pdl_wait();
   if constexpr (IN == ConsumerInput::kPoll) {
     __shared__ uint32_t role_ticket;
-    __shared__ uint32_t state_box[3];
+    __shared__ StateBox state_box;
     const Generation g =
         p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
     pdl_launch_dependents();  // after the state read: dependents start the next call
@@ -1083,7 +1083,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_streamin
     end_polling_call(p, g, ticket);
   } else {
     pdl_launch_dependents();
-    consume_rows<HC, IN, V>(p, Generation{0, 0, 0, 0}, blockIdx.x, gridDim.x);
+    consume_rows<HC, IN, V>(p, Generation{0, 0, 0, 0, 0}, blockIdx.x, gridDim.x);
     if constexpr (V == ConsumerVariant::kMxfp8) zero_scale_padding_rows(p.mxfp8_scales, p.m, p.np / 4);
   }
 }

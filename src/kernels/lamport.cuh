@@ -352,10 +352,6 @@ __device__ __forceinline__ bool wait_slots(int n, Val val, SlotOf slot_of, const
 }
 
 // --- Call headers (PROTOCOL.md, I19) ------------------------------------------------------------
-__device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, uint32_t gen) {
-  const CallIdentity g = with_generation(id, gen);
-  return make_uint4(g.w[0], g.w[1], g.w[2], g.w[3]);
-}
 __device__ __forceinline__ bool same_pack(uint4 a, uint4 b) {
   return ((a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w)) == 0;
 }
@@ -410,10 +406,19 @@ struct Generation {
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
   uint32_t fault;     // this rank's fault word as the kernel started: publish nothing if set
+  uint32_t rejected;  // this rank's count of rejected calls (ErrorSink::fault + 1): the call identity's
 };
-// The protocol state of this call, and the communicator's fault word. Plain loads in a kernel
+// This rank's identity of the call as its call header carries it (PROTOCOL.md, I19): the host's
+// (op, protocol, variant, size) with the generation and the rejected count this kernel read.
+__device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, const Generation& g) {
+  const CallIdentity c = with_call_state(id, g.current, g.rejected);
+  return make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
+}
+// The protocol state of this call, and the communicator's fault word with this rank's rejected
+// count beside it (one 8-byte load). Plain loads in a kernel
 // that passed griddepcontrol.wait (or has no PDL predecessor): the previous call's last kernel,
-// which wrote the state, completed before, and its writes are visible; the fault word's line is
+// which wrote the state, completed before, and its writes are visible (so is the count: a
+// rejected call's increment is a kernel of the stream before this call's first); the fault word's line is
 // not in this kernel's L1 before this load, which takes it from L2, where peers' stores land (a
 // warp's loads of it are one request, and an SM's warps share one L1 miss). Where a kernel skips
 // the wait (after our own publish, which passed it), PDL promises no such visibility:
@@ -422,26 +427,31 @@ struct Generation {
 // load a warp: measured on one H200, strong loads of the state by every warp of 4096 CTAs cost
 // 54 us a call in the Lamport floor and 39 us in the two-shot call at M = 4096 (TP=1 self-test),
 // against cached loads.
+using StateBox = uint32_t[4];
 __device__ __forceinline__ Generation read_generation(const LamportState* s, const ErrorSink& e) {
   Generation g;
   g.current = s->generation;
   g.prev_rows = s->prev_rows;
-  g.fault = *e.fault;
+  const uint2 w = *reinterpret_cast<const uint2*>(e.fault);
+  g.fault = w.x;
+  g.rejected = w.y;
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;
 }
-__device__ __forceinline__ Generation read_generation_cta(const LamportState* s, const ErrorSink& e,
-                                                          uint32_t (&box)[3]) {
+__device__ __forceinline__ Generation read_generation_cta(const LamportState* s, const ErrorSink& e, StateBox& box) {
   if (threadIdx.x == 0) {
     box[0] = ld_relaxed_gpu(&s->generation);
     box[1] = ld_relaxed_gpu(&s->prev_rows);
-    box[2] = ld_relaxed_gpu(e.fault);  // GPU scope (load_fault_gpu): peers store into it, the state is this GPU's own; a system-scope load cost more (PERFORMANCE.md)
+    // GPU scope (load_fault_gpu): peers store into the fault word, the state and the count are
+    // this GPU's own; a system-scope load cost more (PERFORMANCE.md).
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(box[2]), "=r"(box[3]) : "l"(e.fault) : "memory");
   }
   __syncthreads();
   Generation g;
   g.current = box[0];
   g.prev_rows = box[1];
   g.fault = box[2];
+  g.rejected = box[3];
   g.previous = (g.current + kGenerations - 1) % kGenerations;
   return g;
 }

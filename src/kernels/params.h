@@ -31,10 +31,14 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 // What every rank's contribution to a call carries, so that no consumer uses rows of another
 // call: the op (call, finalize, all-gather), the protocol, the consumer variant, the size (M
 // rows; packs a rank for the all-gather), the generation, and how many calls this rank has
-// rejected so far (a host-side count of the communicator, passed as a launch argument and so
-// frozen into a CUDA graph at capture, where no rejection can happen). Ranks that make the same
-// sequence of calls put the same identity into every slot; a rank that diverged (a call rejected
-// on it alone, another M, call against finalize, another variant) puts another one there.
+// rejected so far. The host builds the first four (make_call_identity, a launch argument); the
+// kernels add the generation and the rejected count from device memory as the call runs
+// (with_call_state): the count is this rank's word beside its fault word (ErrorSink::fault),
+// advanced in stream order by every rejected call, so a CUDA graph's replay carries the count
+// of its time, not of its capture (a call rejected on one rank between a capture and a replay
+// is found at the replay). Ranks that make the same sequence of calls put the same identity
+// into every slot; a rank that diverged (a call rejected on it alone, another M, call against
+// finalize, another variant) puts another one there.
 //
 // One 16-byte pack, the call header, published once a call into each mailbox a rank publishes
 // into (a header slot beside the rows: call_header_offset) by the thread that publishes row 0's
@@ -52,17 +56,23 @@ constexpr int kIdentityGenerationShift = 7;
 MHCCL_HD constexpr uint32_t identity_lane(uint64_t v, int lane) {  // 15 bits of v from bit 15 * lane
   return static_cast<uint32_t>((v >> (15 * lane)) & 0x7FFFu);
 }
-// The identity of a call at generation 0 (the kernels add their generation: with_generation).
-MHCCL_HD constexpr CallIdentity make_call_identity(uint32_t op, uint32_t protocol, uint32_t variant, uint64_t size,
-                                                    uint32_t rejected) {
+// The identity of a call at generation 0 with no rejected call (the kernels add both:
+// with_call_state).
+MHCCL_HD constexpr CallIdentity make_call_identity(uint32_t op, uint32_t protocol, uint32_t variant, uint64_t size) {
   return CallIdentity{{(op & 3u) | ((protocol & 7u) << 2) | ((variant & 3u) << 5) | (identity_lane(size, 0) << 16),
-                       identity_lane(size, 1) | (identity_lane(size, 2) << 16),
-                       identity_lane(rejected, 0) | (identity_lane(rejected, 1) << 16),
-                       kIdentityMagic << 16}};
+                       identity_lane(size, 1) | (identity_lane(size, 2) << 16), 0u, kIdentityMagic << 16}};
 }
 MHCCL_HD constexpr CallIdentity with_generation(CallIdentity id, uint32_t gen) {
-  id.w[0] |= (gen & 3u) << kIdentityGenerationShift;
+  id.w[0] = (id.w[0] & ~(3u << kIdentityGenerationShift)) | ((gen & 3u) << kIdentityGenerationShift);
   return id;
+}
+MHCCL_HD constexpr CallIdentity with_rejected(CallIdentity id, uint32_t rejected) {
+  id.w[2] = identity_lane(rejected, 0) | (identity_lane(rejected, 1) << 16);
+  return id;
+}
+// The identity as a call carries it: its generation and this rank's rejected count added.
+MHCCL_HD constexpr CallIdentity with_call_state(CallIdentity id, uint32_t gen, uint32_t rejected) {
+  return with_rejected(with_generation(id, gen), rejected);
 }
 // The fields back (for error messages and tests).
 MHCCL_HD constexpr uint32_t identity_op(const CallIdentity& id) { return id.w[0] & 3u; }
@@ -175,7 +185,10 @@ constexpr int kRouteRecord = 1;
 struct ErrorSink {
   ErrorRecord* records;  // [2] host-mapped, pinned
   uint32_t* claims;      // [2] device memory: CAS targets, equal to their record's epoch while free
-  uint32_t* fault;       // this rank's fault word (fault_word above), read by every kernel and wait
+  // This rank's fault word (fault_word above), read by every kernel and wait, and beside it
+  // (fault + 1, the same 8-byte aligned pair, read with it in one load) this rank's count of
+  // rejected calls: written only by this rank, in stream order (launch_count_u32), never by a peer.
+  uint32_t* fault;
   uint32_t* const* fault_peers;  // device array [fault_ranks]: every rank's fault word (this one's too)
   int fault_ranks;       // tp where the fault window is shared; 1 (this rank's word) otherwise
   int rank;              // this rank, as fault_word names it

@@ -102,7 +102,7 @@ bool LamportAllGather::accepts(const DLTensor& in) const {
 void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_t stream) {
   Impl& im = *impl_;
   Communicator::Impl& c = *im.comm;
-  c.guarded_call("LamportAllGather", [&](bool& launched) {
+  c.guarded_call("LamportAllGather", stream, [&](bool& launched) {
     c.check();
     const bool needs_copy = check_all_gather_call(im.capacity, c.tp, c.device, in, out);
     const int64_t rows = in.ndim > 0 ? in.shape[0] : 1;
@@ -156,9 +156,10 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     p.capacity_packs = im.capacity / 16;
     p.state = im.state;
     p.err = c.sink(kernels::kOpAllGather);
-    // This rank's identity of the call (PROTOCOL.md, I19): the size in packs, the rejected count.
+    // This rank's identity of the call (PROTOCOL.md, I19): the size in packs (the kernel adds the
+    // generation and the rejected count).
     p.id = kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoAllGather, 0,
-                                       static_cast<uint64_t>(p.packs), c.rejected);
+                                       static_cast<uint64_t>(p.packs));
     p.packs_per_cta = im.packs_per_cta;
     if (c.tp > 1) {
       for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);

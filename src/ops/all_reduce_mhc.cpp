@@ -373,7 +373,7 @@ struct AllReduceMHC::Impl {
     cp.err = c.sink(op);
     // This rank's identity of the call (PROTOCOL.md, I19): every peer's call header must equal it.
     cp.id = kernels::make_call_identity(op, proto == Protocol::kTwoShot ? kernels::kProtoTwoShotOwner : kernels::kProtoOneShot,
-                                        static_cast<uint32_t>(variant), static_cast<uint64_t>(m), c.rejected);
+                                        static_cast<uint32_t>(variant), static_cast<uint64_t>(m));
     cp.tp = c.tp;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
 
@@ -624,7 +624,7 @@ AllReduceMHC::~AllReduceMHC() = default;
 
 void AllReduceMHC::call(const AllReduceMHCCallArgs& args, cudaStream_t stream) {
   Impl& im = *impl_;
-  im.comm->guarded_call("AllReduceMHC.call", [&](bool& launched) {
+  im.comm->guarded_call("AllReduceMHC.call", stream, [&](bool& launched) {
     im.comm->check();
     const int64_t m = check_all_reduce_mhc_call(im.cfg, im.comm->device, args);
     im.run(args.x, nullptr, args.epilogue, args.protocol, m, stream, launched);
@@ -633,7 +633,7 @@ void AllReduceMHC::call(const AllReduceMHCCallArgs& args, cudaStream_t stream) {
 
 void AllReduceMHC::finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream) {
   Impl& im = *impl_;
-  im.comm->guarded_call("AllReduceMHC.finalize", [&](bool& launched) {
+  im.comm->guarded_call("AllReduceMHC.finalize", stream, [&](bool& launched) {
     im.comm->check();
     const int64_t m = check_all_reduce_mhc_finalize(im.cfg, im.comm->device, args);
     im.run(nullptr, &args, args.epilogue, args.protocol, m, stream, launched);

@@ -34,7 +34,7 @@ TEST(CallIdentity, FieldsRoundTripAndNoLaneIsASentinel) {
     const uint32_t op = 1 + rng() % 3, proto = 1 + rng() % 4, variant = rng() % 4, gen = rng() % 3;
     const uint64_t size = i % 3 == 0 ? rng() % 4097 : rng() & ((uint64_t{1} << 45) - 1);
     const uint32_t rejected = static_cast<uint32_t>(i % 5 == 0 ? rng() % 3 : rng() & ((1u << 30) - 1));
-    const CallIdentity id = kernels::with_generation(kernels::make_call_identity(op, proto, variant, size, rejected), gen);
+    const CallIdentity id = kernels::with_call_state(kernels::make_call_identity(op, proto, variant, size), gen, rejected);
     ASSERT_TRUE(sentinel_free(id)) << i;
     EXPECT_EQ(kernels::identity_op(id), op);
     EXPECT_EQ(kernels::identity_protocol(id), proto);
@@ -48,7 +48,7 @@ TEST(CallIdentity, FieldsRoundTripAndNoLaneIsASentinel) {
 
 TEST(CallIdentity, EveryFieldThatDiffersMakesTheIdentitiesDiffer) {
   const auto make = [](uint32_t op, uint32_t proto, uint32_t variant, uint64_t m, uint32_t rejected, uint32_t gen) {
-    return kernels::with_generation(kernels::make_call_identity(op, proto, variant, m, rejected), gen);
+    return kernels::with_call_state(kernels::make_call_identity(op, proto, variant, m), gen, rejected);
   };
   const CallIdentity base = make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 0, 1);
   EXPECT_TRUE(kernels::identity_equal(base, make(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 8, 0, 1)));
@@ -61,6 +61,26 @@ TEST(CallIdentity, EveryFieldThatDiffersMakesTheIdentitiesDiffer) {
   // Sizes that differ only above 30 bits, rejected counts only above 15.
   EXPECT_FALSE(kernels::identity_equal(make(1, 4, 0, uint64_t{1} << 40, 0, 0), make(1, 4, 0, 0, 0, 0)));
   EXPECT_FALSE(kernels::identity_equal(make(2, 1, 0, 1, 1u << 20, 0), make(2, 1, 0, 1, 0, 0)));
+}
+
+// The kernels add the generation and this rank's device count of rejected calls to the host's
+// identity at every call (a CUDA graph's replay reads them again): adding them replaces
+// whatever the identity held, so no earlier call's generation or count stays in a replayed one.
+TEST(CallIdentity, CallStateReplacesTheGenerationAndTheRejectedCount) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 10000; ++i) {
+    const CallIdentity host = kernels::make_call_identity(1 + rng() % 3, 1 + rng() % 4, rng() % 4, rng() % 5000);
+    EXPECT_EQ(kernels::identity_rejected(host), 0u);
+    EXPECT_EQ(kernels::identity_generation(host), 0u);
+    const uint32_t g1 = rng() % 3, g2 = rng() % 3;
+    const uint32_t r1 = static_cast<uint32_t>(rng() & ((1u << 30) - 1)), r2 = static_cast<uint32_t>(rng() % 4);
+    const CallIdentity twice = kernels::with_call_state(kernels::with_call_state(host, g1, r1), g2, r2);
+    EXPECT_TRUE(kernels::identity_equal(twice, kernels::with_call_state(host, g2, r2))) << i;
+    EXPECT_EQ(kernels::identity_generation(twice), g2);
+    EXPECT_EQ(kernels::identity_rejected(twice), r2);
+    EXPECT_EQ(kernels::identity_size(twice), kernels::identity_size(host));
+    EXPECT_EQ(kernels::identity_op(twice), kernels::identity_op(host));
+  }
 }
 
 // The call headers of every (generation, writer) lie after the rows, apart from one another and
@@ -128,7 +148,7 @@ TEST(AllGatherEscape, EveryLanePatternRoundTrips) {
 // The messages a divergence gives name both identities and say what differs.
 TEST(CallIdentity, DivergenceMessageNamesWhatDiffers) {
   const auto id = [](uint32_t op, uint64_t m, uint32_t rejected, uint32_t variant = 0) {
-    return kernels::with_generation(kernels::make_call_identity(op, kernels::kProtoOneShot, variant, m, rejected), 1);
+    return kernels::with_call_state(kernels::make_call_identity(op, kernels::kProtoOneShot, variant, m), 1, rejected);
   };
   struct Case {
     CallIdentity mine, theirs;

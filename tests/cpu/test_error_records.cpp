@@ -112,9 +112,9 @@ TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
   records[kernels::kTimeoutRecord].call = 12;
   records[kernels::kTimeoutRecord].mine =
-      kernels::with_generation(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64, 2), 2);
+      kernels::with_call_state(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64), 2, 2);
   records[kernels::kTimeoutRecord].theirs =
-      kernels::with_generation(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64, 3), 2);
+      kernels::with_call_state(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64), 2, 3);
   EXPECT_TRUE(im.peer_failed());
   try {
     im.check(false);
@@ -149,15 +149,15 @@ TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
 TEST_F(ErrorRecords, RejectedCallsCountAndFailuresAfterALaunchAreFatal) {
   EXPECT_EQ(im.rejected, 0u);
   for (int i = 1; i <= 3; ++i) {
-    EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool&) { throw Error(ErrorCode::kInvalidArgument, "x"); }), Error);
+    EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool&) { throw Error(ErrorCode::kInvalidArgument, "x"); }), Error);
     EXPECT_EQ(im.rejected, static_cast<uint32_t>(i));
     EXPECT_FALSE(im.unusable);
   }
-  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool&) { throw std::bad_alloc(); }), std::bad_alloc);
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool&) { throw std::bad_alloc(); }), std::bad_alloc);
   EXPECT_EQ(im.rejected, 4u);
-  im.guarded_call("AllReduceMHC.call", [](bool& launched) { launched = true; });  // a call that went through
+  im.guarded_call("AllReduceMHC.call", nullptr, [](bool& launched) { launched = true; });  // a call that went through
   EXPECT_EQ(im.rejected, 4u);
-  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", [](bool& launched) {
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool& launched) {
                  launched = true;
                  throw Error(ErrorCode::kCuda, "launch of the consumer failed");
                }),

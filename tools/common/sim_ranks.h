@@ -47,8 +47,9 @@ struct SimRank {
   cudaStream_t stream = nullptr;
 };
 
-// One rank's error sink: records and claims in device memory, its fault word, and the table of
-// every rank's fault word (shared by the ranks).
+// One rank's error sink: records and claims in device memory, its fault word with its count of
+// rejected calls beside it (words [2] and [3], as the communicator's fault window holds them),
+// and the table of every rank's fault word (shared by the ranks).
 struct RankSink {
   RankSink(uint64_t timeout_ns, int rank, int tp, uint32_t* const* table, uint32_t op = kOpAllReduceCall)
       : records(2 * sizeof(ErrorRecord)), words(16) {
@@ -71,6 +72,14 @@ struct RankSink {
   uint32_t fault() const {
     uint32_t w = 0;
     MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 2, sizeof(w), cudaMemcpyDeviceToHost));
+    return w;
+  }
+  // A call of this rank rejected: its count of rejected calls (which its calls' identities carry)
+  // by one, in stream order on `stream`, as Communicator::Impl::count_rejected does.
+  void count_rejected(cudaStream_t stream) const { MHCCL_TEST_CUDA(launch_count_u32(sink.fault + 1, stream)); }
+  uint32_t rejected() const {
+    uint32_t w = 0;
+    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 3, sizeof(w), cudaMemcpyDeviceToHost));
     return w;
   }
   DeviceBuffer records, words;
@@ -109,11 +118,9 @@ inline RowTiling variant_tiling(int np, int64_t m, int hc, Variant v) {
 // buffers; the path's launch shape is set by the caller.
 // `bufs`: the rank's call buffers where they are not its own (the concurrent tests keep one set
 // a call, since no call's outputs are read before every call ran).
-// `rejected`: the rank's count of rejected calls, which the call's identity carries (as the
-// host's Communicator::Impl::rejected).
 inline void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, const Problem& p, Variant v, bool two_shot,
                   const ErrorSink& err, PublishParams& pp, OwnerReduceParams& orp, ConsumerParams& cp,
-                  CallBuffers* bufs = nullptr, uint32_t rejected = 0) {
+                  CallBuffers* bufs = nullptr) {
   const int tp = static_cast<int>(ranks.size());
   const int64_t m = p.m, kCap = ranks[0]->buf.rows;
   const int kHc = p.hc;
@@ -147,7 +154,7 @@ inline void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, co
   cp.tiling = variant_tiling(np, m, kHc, v);
   cp.err = err;
   cp.id = make_call_identity(fin ? kOpAllReduceFinalize : kOpAllReduceCall, two_shot ? kProtoTwoShotOwner : kProtoOneShot,
-                             static_cast<uint32_t>(consumer_variant(v)), static_cast<uint64_t>(m), rejected);
+                             static_cast<uint32_t>(consumer_variant(v)), static_cast<uint64_t>(m));
   cp.tp = tp;
   cp.rank = r;
   cp.wait_predecessor = true;
@@ -274,8 +281,8 @@ struct ConcurrentGroup {
   std::vector<std::unique_ptr<RankSink>>& sinks;
   std::vector<std::unique_ptr<SimRank>> ranks;
   int resident[2] = {0, 0};
-  // Each rank's count of rejected calls (its calls' identities carry it).
-  std::vector<uint32_t> rejected = std::vector<uint32_t>(kMaxTp, 0);
+  // A call of rank r rejected (its count, beside its fault word, by one on its stream).
+  void reject(int r) { sinks[r]->count_rejected(ranks[r]->stream); }
   // PDL at TP=2 only: a dependent grid launched early holds its SMs while it waits in
   // griddepcontrol.wait, and with four ranks' grids (clusters of 5 CTAs among them) on one GPU
   // that starved a peer's kernel of SMs (one H200, 2026-12-01, b8e9e10: 10 s timeouts at TP=4 only, in calls
@@ -288,7 +295,7 @@ struct ConcurrentGroup {
     PublishParams pp;
     OwnerReduceParams orp;
     ConsumerParams cp;
-    build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b, rejected[r]);
+    build_params(ranks, r, p, v, two_shot, sinks[r]->sink, pp, orp, cp, &b);
     const ConsumerVariant cv = consumer_variant(v);
     cudaStream_t s = ranks[r]->stream;
     switch (kind) {
