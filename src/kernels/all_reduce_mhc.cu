@@ -98,6 +98,23 @@ __device__ __forceinline__ void finalize_groups(const FinalizeInputs& f, int64_t
   }
 }
 
+// The routes from kFinalizeGroup on (top_k > 8, not DSV4.1's 6), one at a time: acc += w[k] *
+// gemm2[route[k]] in k order. Few registers (one route's loads in flight), so the first group's
+// code around it, where the time goes, stays free of spills; each route is a dependent round trip.
+__device__ __forceinline__ void finalize_tail(const FinalizeInputs& f, int64_t row, int pack, int np, float (&acc)[8],
+                                              const ErrorSink& err, bool report) {
+  const int32_t* row_routes = f.routes + row * f.top_k;
+  const float* row_weights = f.weights + row * f.top_k;
+#pragma unroll 1
+  for (int k = kFinalizeGroup; k < f.top_k; ++k) {
+    const int32_t route = __ldg(row_routes + k);
+    fma_group_rows<1>(
+        f, row, k, [&](int) { return route; }, [&](int) { return __ldg(row_weights + k); },
+        [&](int) { return ld_input(static_cast<const uint4*>(f.gemm2) + static_cast<int64_t>(route) * np + pack); },
+        acc, err, report);
+  }
+}
+
 // bf16(acc + shared): the shared expert's pack added last to the routed sum (SPEC.md, finalize).
 __device__ __forceinline__ uint4 add_shared_expert(float (&acc)[8], uint4 shared) {
   float s[8];
@@ -802,13 +819,20 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
         if (row < p.m) store(row, v[u]);
       }
     }
-  } else if (p.fin.top_k <= kFinalizeGroup) {  // kFin
-    // One route group a row (DSV4.1: top_k = 6): the next row's routes load while this row's
-    // GEMM2 rows do, so a row costs one dependent round trip, not two (finalize_pack's bits).
-    // Only the route indices go one row ahead (8 registers); the weights load with the rows.
+  } else {  // kFin
+    // The first route group a row (DSV4.1: top_k = 6, all of them): the next row's routes load
+    // while this row's GEMM2 rows do, so a row costs one dependent round trip, not two
+    // (finalize_pack's bits). Only the route indices go one row ahead (8 registers); the weights
+    // load with the rows; routes beyond the group one at a time (finalize_tail). The shared
+    // expert's pack (added last) waits in this CTA's dynamic shared memory, which a publishing
+    // CTA does not otherwise use (cp.async: no register holds it across the routed sum; held in
+    // one, with the top_k > 8 path beside it, the kernel spilled 228-324 bytes at hc = 4, ptxas -v).
     // No CTA barrier: the warps drift and overlap one another's loads (a shared-memory prefetch
-    // with two barriers a row measured 267 us at M = 4096 against 224 here, TP=1 self-test).
+    // with two barriers a row measured 267 us at M = 4096 against 224 here, TP=1 self-test);
+    // each thread reads back only the pack it copied.
     if (!active) return;
+    extern __shared__ uint4 stage_packs[];
+    uint4* const shared_staged = stage_packs + pack;
     const FinalizeInputs& f = p.fin;
     auto load_routes = [&](int64_t row, int32_t (&route)[kFinalizeGroup]) {
 #pragma unroll
@@ -822,7 +846,8 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
       const auto route_at = [&](int j) { return rg.route[j]; };
       uint4 g[kFinalizeGroup];
       load_group_rows(f, pack, static_cast<int>(np), route_at, g);
-      const uint4 shared = ld_input(static_cast<const uint4*>(f.shared) + row * np + pack);
+      cp_async16(shared_staged, static_cast<const uint4*>(f.shared) + row * np + pack);
+      cp_async_commit();
       const uint32_t fault = load_fault_gpu(p.err);
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       int32_t next[kFinalizeGroup];
@@ -830,19 +855,15 @@ __device__ __forceinline__ void publish_rows(const ConsumerParams& p, const Gene
       if (more) load_routes(row + count, next);
       fma_group_rows(f, row, 0, route_at, [&](int j) { return rg.w[j]; }, [&](int j) { return g[j]; }, acc, p.err,
                      pack == 0);
+      finalize_tail(f, row, pack, static_cast<int>(np), acc, p.err, pack == 0);  // top_k > kFinalizeGroup only
+      cp_async_wait_all();
+      const uint4 shared = *shared_staged;
       if (!allowed(fault, row)) return;
       store(row, add_shared_expert(acc, shared));
       if (more) {
 #pragma unroll
         for (int j = 0; j < kFinalizeGroup; ++j) rg.route[j] = next[j];
       }
-    }
-  } else if (active) {
-    for (int64_t row = index; row < p.m; row += count) {
-      const uint32_t fault = load_fault_gpu(p.err);
-      const uint4 v = finalize_pack(p.fin, row, pack, p.np, p.err, pack == 0);
-      if (!allowed(fault, row)) return;
-      store(row, v);
     }
   }
 }
@@ -1002,18 +1023,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
               p.fin, row, 0, [&](int j) { return j < routes_staged ? routes[stage][j] : -1; },
               [&](int j) { return weights[stage][j]; }, [&](int j) { return gemm2_packs[j * threads + pack]; }, acc,
               p.err, pack == 0);
-          // top_k > kFinalizeGroup (not DSV4.1's 6): the later routes one at a time (few
-          // registers: the loop above stays free of spills).
-          const int32_t* row_routes = p.fin.routes + row * p.fin.top_k;
-          const float* row_weights = p.fin.weights + row * p.fin.top_k;
-#pragma unroll 1
-          for (int k = kFinalizeGroup; k < p.fin.top_k; ++k) {
-            const int32_t route = __ldg(row_routes + k);
-            fma_group_rows<1>(
-                p.fin, row, k, [&](int) { return route; }, [&](int) { return __ldg(row_weights + k); },
-                [&](int) { return ld_input(static_cast<const uint4*>(p.fin.gemm2) + static_cast<int64_t>(route) * np + pack); },
-                acc, p.err, pack == 0);
-          }
+          finalize_tail(p.fin, row, pack, p.np, acc, p.err, pack == 0);  // top_k > kFinalizeGroup only
           v = add_shared_expert(acc, v);
         }
         float f[8];
