@@ -78,14 +78,25 @@ void launch(void (*k)(FloorParams), const FloorParams& p, cudaStream_t s) {
 }
 
 // The launch floor's kernel: one warp, one store (what a CUDA graph's node costs with no work).
+// Launched with PDL, it waits for its predecessor first (griddepcontrol.wait: a no-op without).
 __global__ void launch_floor_kernel(int* flag) {
+  pdl_wait();
   if (threadIdx.x == 0) *flag = 1;
 }
 
 // The row floor's kernel: a thread a pack, 128 threads a CTA; every thread loads its packs of the row's
 // `streams` input rows, then stores them (XOR-folded, so each store depends on every load) into
 // `streams` output rows. No arithmetic beyond that, no reduction.
-__global__ void row_floor_kernel(const uint4* in, uint4* out, int np, int streams) {
+struct RowFloorParams {
+  const uint4* in;
+  uint4* out;
+  int np, streams;
+};
+__global__ void row_floor_kernel(const RowFloorParams p) {
+  const uint4* in = p.in;
+  uint4* out = p.out;
+  const int np = p.np, streams = p.streams;
+  pdl_wait();  // launched with PDL: the inputs may be the predecessor's outputs
   const int pack = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (pack >= np) return;
   uint4 v[16];
@@ -198,15 +209,15 @@ double peer_store_bandwidth_gbps(Communicator& comm, size_t bytes, cudaStream_t 
   return bytes / (best * 1e-3) / 1e9;
 }
 
-void launch_floor(int* flag, cudaStream_t stream) {
-  launch_floor_kernel<<<1, 32, 0, stream>>>(flag);
+void launch_floor(int* flag, cudaStream_t stream, bool pdl) {
+  MHCCL_TEST_CUDA(launch_ex(launch_floor_kernel, flag, dim3(1), dim3(32), 0, stream, pdl));
 }
 
-void launch_row_floor(const void* in, void* out, int64_t hidden, int streams, cudaStream_t stream) {
+void launch_row_floor(const void* in, void* out, int64_t hidden, int streams, cudaStream_t stream, bool pdl) {
   const int np = static_cast<int>(hidden / 8);
   constexpr int kThreads = 128;  // a row over ceil(np / 128) CTAs: 5 at H = 5120, as the call's tiling at M = 1
-  row_floor_kernel<<<(np + kThreads - 1) / kThreads, kThreads, 0, stream>>>(static_cast<const uint4*>(in),
-                                                                            static_cast<uint4*>(out), np, std::min(streams, 16));
+  const RowFloorParams p{static_cast<const uint4*>(in), static_cast<uint4*>(out), np, std::min(streams, 16)};
+  MHCCL_TEST_CUDA(launch_ex(row_floor_kernel, p, dim3((np + kThreads - 1) / kThreads), dim3(kThreads), 0, stream, pdl));
 }
 
 }  // namespace mhccl::bench

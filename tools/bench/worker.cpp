@@ -468,6 +468,19 @@ void time_all_reduce(Ctx& c) {
     c.rows.push_back(json{{"op", "row_floor"}, {"tp", c.tp}, {"m", 1}, {"hidden", kH}, {"us_median", row_us},
                           {"note", "128-thread CTAs loading 1 + hc rows of H BF16, then storing them; launched without PDL"}});
     c.say("    row floor (M = 1's bytes, no arithmetic) %6.2f us\n", row_us);
+    // The same two launched with PDL, as the ops launch their kernels: in a graph of calls a
+    // kernel's launch then overlaps its predecessor's end, which is what the direct call at
+    // M = 1 pays against these (issue 31's TP=1 target is against the plain launch floor).
+    const double pdl_us = c.time_calls([&](int) { launch_floor(static_cast<int*>(flag.get()), c.stream, true); });
+    c.rows.push_back(json{{"op", "launch_floor_pdl"}, {"tp", c.tp}, {"us_median", pdl_us},
+                          {"note", "the launch floor's kernel launched with PDL (griddepcontrol.wait before its store)"}});
+    c.say("    launch floor, PDL                       %7.2f us\n", pdl_us);
+    const double row_pdl_us = c.time_calls([&](int i) {
+      launch_row_floor(sets[i].residual, sets[i].res_out, kH, 1 + kHc, c.stream, true);
+    });
+    c.rows.push_back(json{{"op", "row_floor_pdl"}, {"tp", c.tp}, {"m", 1}, {"hidden", kH}, {"us_median", row_pdl_us},
+                          {"note", "the row floor's kernel launched with PDL (griddepcontrol.wait before its loads)"}});
+    c.say("    row floor, PDL                          %7.2f us\n", row_pdl_us);
   }
   for (int64_t m : ms) {
     double floor_us = -1;
