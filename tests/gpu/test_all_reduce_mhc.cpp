@@ -396,6 +396,37 @@ TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
       }
     }
   }
+  // finalize with top_k beyond one route group of 8 (the streaming publishers reduce the first
+  // group with its loads in flight together and the later routes one at a time) and with a
+  // single route, through the own mailbox against the direct path; then a bad route beyond the
+  // first group, reported by the streaming publishers (check_errors) and skipped.
+  for (const int top_k : {1, 10}) {
+    AllReduceMHCConfig k_streaming = streaming, k_direct = config(5120, 4, 300, 129);
+    k_streaming.top_k = k_direct.top_k = top_k;
+    AllReduceMHC ks(comm(), k_streaming), kd(comm(), k_direct);
+    CallBuffers kbuf(300, 5120, 4, top_k);
+    for (int64_t m : {int64_t{2}, int64_t{97}, int64_t{128}, int64_t{300}}) {
+      const Problem p = testing::make_problem(seed++, m, 5120, 4, 1, true, top_k);
+      const uint64_t want = run(kd, kbuf, p, qv(), Protocol::kAuto, "direct").hash();
+      for (Protocol proto : {Protocol::kOneShot, Protocol::kTwoShot}) {
+        if (proto == Protocol::kOneShot && m > 128) continue;
+        EXPECT_EQ(run(ks, kbuf, p, qv(), proto, protocol_name(proto)).hash(), want)
+            << "top_k=" << top_k << " M=" << m << " finalize " << protocol_name(proto) << " streaming";
+        ++calls;
+      }
+    }
+    if (top_k == 10) {
+      Problem p = testing::make_problem(seed++, 128, 5120, 4, 1, true, top_k);
+      for (auto& routes : p.routes) routes[top_k + 9] = 1 << 20;  // row 1, route 9: far outside gemm2
+      run(ks, kbuf, p, qv(), Protocol::kOneShot, "one-shot, bad route 9");
+      try {
+        comm().check_errors();
+        ADD_FAILURE() << "the bad route beyond the first group was not reported (streaming publishers)";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute) << e.what();
+      }
+    }
+  }
   std::printf("TP=1: %d calls through the own mailbox, each equal to the direct path\n", calls);
   comm().check_errors();
 }
