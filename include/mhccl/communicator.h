@@ -98,9 +98,11 @@ class Communicator {
   void check_errors();
   bool usable() const;
 
-  // Calls of this communicator's ops rejected on this rank so far. Every rank's contribution to
-  // a call carries this count (with the op, protocol, variant, M and generation: the call's
-  // identity), and every consumer checks its peers' against its own, so a call rejected on some
+  // Calls of this communicator's ops rejected on this rank so far, as the host counted them.
+  // Every rank's contribution to a call carries the device copy of this count as the call runs
+  // (with the op, protocol, variant, M and generation: the call's identity; a rejection captured
+  // into a CUDA graph counts once here and once a replay there), and every consumer checks its
+  // peers' against its own, so a call rejected on some
   // ranks but not on others surfaces as Error(kDivergence) on every rank at the next call instead
   // of pairing the ranks' calls wrongly for good (a call rejected alike on every rank leaves the
   // counts equal and the ops usable). The ops count their own rejections; a binding that rejects
@@ -110,6 +112,10 @@ class Communicator {
   // kernel), so a CUDA graph replayed after a rejection carries the count of its replay, not of
   // its capture; a rejection during a capture is part of the graph (each replay counts it).
   // Where the count cannot be enqueued on `stream` the communicator becomes unusable (TP > 1).
+  // The calls of a communicator's ops, rejected or not, are issued in one stream order on each
+  // rank (one stream, or streams ordered with events): a call in flight reads the count in each
+  // of its kernels, so a rejection enqueued concurrently on an unordered stream could make a
+  // call's kernels disagree (a false kDivergence, never a wrong value).
   void note_rejected_call(cudaStream_t stream);
   uint32_t rejected_calls() const;
 

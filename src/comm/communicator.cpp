@@ -748,17 +748,27 @@ void Communicator::Impl::count_rejected(cudaStream_t stream) noexcept {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
-  const cudaError_t st = kernels::launch_count_u32(rejected_word(), stream);
-  if (st != cudaSuccess) cudaGetLastError();  // the launch's own error (not sticky)
+  // A capture the rejection invalidated (its cause was an operation the capture forbids) will
+  // never run: no count is owed to its calls, and none can be enqueued into it.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t st = cudaStreamIsCapturing(stream, &capture);
+  if (st == cudaSuccess && capture != cudaStreamCaptureStatusInvalidated) {
+    st = kernels::launch_count_rejected(rejected_word(), stream);
+  }
   if (prev >= 0) cudaSetDevice(prev);
-  if (st != cudaSuccess && tp > 1 && !unusable) {
-    unusable = true;
-    unusable_reason = "a call rejected on rank " + std::to_string(rank) +
-                      " could not be counted on its stream (" + cudaGetErrorString(st) +
-                      "): this rank's calls no longer carry its count of rejected calls, which pairs its calls with its "
-                      "peers' (PROTOCOL.md, I19); destroy the communicator and its ops and build them again";
+  if (st == cudaSuccess || tp == 1 || unusable) return;
+  cudaGetLastError();  // the failed launch's own error (not sticky)
+  unusable = true;
+  try {
+    unusable_reason = "a call rejected on rank " + std::to_string(rank) + " could not be counted on its stream (" +
+                      cudaGetErrorString(st) +
+                      "): this rank's calls no longer carry its count of rejected calls, which pairs its calls with "
+                      "its peers' (PROTOCOL.md, I19); destroy the communicator and its ops and build them again";
+  } catch (...) {  // out of memory: a shorter reason, never an exception out of a rejection
+    unusable_reason.clear();
   }
 }
+
 uint32_t Communicator::rejected_calls() const { return impl_->rejected; }
 bool Communicator::usable() const { return !impl_->unusable; }
 

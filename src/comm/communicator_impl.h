@@ -126,9 +126,9 @@ struct Communicator::Impl {
   // Counts a call of this rank rejected before anything of it went out: `rejected`, and the
   // device count (rejected_word) by one in stream order on `stream`, the call's: the next call
   // enqueued there (a kernel reading it as a CUDA graph replays, too) carries the new count. An
-  // increment that cannot be enqueued (the stream is broken, or its capture invalidated) leaves
-  // the device count behind this rank's calls: the communicator becomes unusable at TP > 1.
-  // Never throws.
+  // increment that cannot be enqueued (the stream is broken) leaves the device count behind this
+  // rank's calls: the communicator becomes unusable at TP > 1. A capture the rejection
+  // invalidated gets none (it never runs); the host count still counts the call. Never throws.
   void count_rejected(cudaStream_t stream) noexcept;
 
   // Symmetric allocations left by buffers destroyed after a peer failed: freed only after

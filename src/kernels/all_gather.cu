@@ -116,6 +116,10 @@ __global__ void count_u32_kernel(uint32_t* word) {
   __threadfence_system();
 }
 
+// A rejected call's count (ErrorSink::fault + 1, device memory): atomic, since a rank's ops may
+// be rejected on several streams and their increments must not be lost.
+__global__ void count_rejected_kernel(uint32_t* word) { atomicAdd(word, 1u); }
+
 __global__ void fill_u32_kernel(uint32_t* ptr, size_t words, uint32_t value) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -153,7 +157,8 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 
 cudaError_t preload_all_gather_kernels() {
   for (const void* fn : {reinterpret_cast<const void*>(all_gather_kernel), reinterpret_cast<const void*>(fill_u32_kernel),
-                         reinterpret_cast<const void*>(strided_copy_kernel), reinterpret_cast<const void*>(count_u32_kernel)}) {
+                         reinterpret_cast<const void*>(strided_copy_kernel), reinterpret_cast<const void*>(count_u32_kernel),
+                         reinterpret_cast<const void*>(count_rejected_kernel)}) {
     cudaFuncAttributes attr;
     const cudaError_t st = cudaFuncGetAttributes(&attr, fn);
     if (st != cudaSuccess) return st;
@@ -161,17 +166,25 @@ cudaError_t preload_all_gather_kernels() {
   return cudaSuccess;
 }
 
+// The launchers below return their launch's own status (cudaLaunchKernel[Ex]), never an error
+// left pending by an earlier CUDA call of the thread (cudaGetLastError would return, and clear,
+// that one: a rejected call's count then looked failed when the rejection's own cause was a
+// CUDA error).
 cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream) {
-  count_u32_kernel<<<1, 1, 0, stream>>>(word);
-  return cudaGetLastError();
+  return launch_ex(count_u32_kernel, word, dim3(1), dim3(1), 0, stream, false);
+}
+
+cudaError_t launch_count_rejected(uint32_t* word, cudaStream_t stream) {
+  return launch_ex(count_rejected_kernel, word, dim3(1), dim3(1), 0, stream, false);
 }
 
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream) {
   if (words == 0) return cudaSuccess;
   const size_t blocks = (words + 255) / 256;
-  fill_u32_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(
-      static_cast<uint32_t*>(ptr), words, value);
-  return cudaGetLastError();
+  uint32_t* p = static_cast<uint32_t*>(ptr);
+  void* args[] = {&p, &words, &value};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(fill_u32_kernel),
+                          dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024)), dim3(256), args, 0, stream);
 }
 
 cudaError_t launch_strided_copy(const StridedCopy& c, cudaStream_t stream) {
@@ -179,9 +192,10 @@ cudaError_t launch_strided_copy(const StridedCopy& c, cudaStream_t stream) {
   for (int d = 0; d < c.ndim; ++d) numel *= c.shape[d];
   if (numel == 0) return cudaSuccess;
   const int64_t blocks = (numel + 255) / 256;
-  strided_copy_kernel<<<static_cast<unsigned>(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(
-      c, numel);
-  return cudaGetLastError();
+  StridedCopy copy = c;
+  void* args[] = {&copy, &numel};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(strided_copy_kernel),
+                          dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024)), dim3(256), args, 0, stream);
 }
 
 }  // namespace mhccl::kernels

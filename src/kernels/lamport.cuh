@@ -406,7 +406,7 @@ struct Generation {
   uint32_t previous;  // slots of the previous call, reset by this one
   uint32_t prev_rows;
   uint32_t fault;     // this rank's fault word as the kernel started: publish nothing if set
-  uint32_t rejected;  // this rank's count of rejected calls (ErrorSink::fault + 1): the call identity's
+  uint32_t rejected;  // this rank's count of rejected calls (ErrorSink::fault + 1), which its call identity carries
 };
 // This rank's identity of the call as its call header carries it (PROTOCOL.md, I19): the host's
 // (op, protocol, variant, size) with the generation and the rejected count this kernel read.

@@ -70,6 +70,10 @@ cudaError_t preload_all_gather_kernels();
 // *word += 1 by one thread, stream-ordered (the NCCL fallback's progress counts, in host-mapped
 // memory; only this stream writes the word).
 cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream);
+// *word += 1 atomically, stream-ordered: a rank's count of rejected calls (device memory beside
+// its fault word; rejections on several streams lose no increment). Returns the launch's own
+// status, as every launcher here (never an error an earlier call left pending).
+cudaError_t launch_count_rejected(uint32_t* word, cudaStream_t stream);
 
 // Every 32-bit word of [ptr, ptr + 4 * words) set to `value`.
 cudaError_t launch_fill_u32(void* ptr, size_t words, uint32_t value, cudaStream_t stream);

@@ -187,7 +187,7 @@ struct ErrorSink {
   uint32_t* claims;      // [2] device memory: CAS targets, equal to their record's epoch while free
   // This rank's fault word (fault_word above), read by every kernel and wait, and beside it
   // (fault + 1, the same 8-byte aligned pair, read with it in one load) this rank's count of
-  // rejected calls: written only by this rank, in stream order (launch_count_u32), never by a peer.
+  // rejected calls: written only by this rank, in stream order (launch_count_rejected), never by a peer.
   uint32_t* fault;
   uint32_t* const* fault_peers;  // device array [fault_ranks]: every rank's fault word (this one's too)
   int fault_ranks;       // tp where the fault window is shared; 1 (this rank's word) otherwise

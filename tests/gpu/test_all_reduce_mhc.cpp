@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/communicator_impl.h"
 #include "common/tensor_desc.h"
 #include "gpu_env.h"
 #include "kernels/launch.h"
@@ -690,10 +691,19 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
     keep.reserve(4);
     k.mutate(a, f, keep);
     const uint32_t counted = comm().rejected_calls();
+    // The first rejection with a CUDA error left pending by an earlier call of this thread (an
+    // allocation that failed): its count goes out all the same and the communicator stays usable
+    // (the count's launch reports its own status, not the pending error).
+    void* too_big = nullptr;
+    if (rejected == 0) EXPECT_NE(cudaMalloc(&too_big, size_t{1} << 50), cudaSuccess);
     if (k.finalize) {
       EXPECT_THROW(op.finalize(f, env().stream), Error) << k.what;
     } else {
       EXPECT_THROW(op.call(a, env().stream), Error) << k.what;
+    }
+    if (rejected == 0) {
+      EXPECT_TRUE(comm().usable()) << k.what;
+      cudaGetLastError();  // whatever of the failed allocation is still pending
     }
     // Counted once (the call identity carries the count: every rank rejected it alike here, so
     // the next call's identities agree and it runs: PROTOCOL.md, I19).
@@ -703,6 +713,11 @@ TEST_P(AllReduceMHCTest, RejectedCallsLeaveStateIntact) {
   }
   std::printf("TP=%d: %d kinds of bad call rejected, each between two checked calls\n", tp(), rejected);
   comm().check_errors();
+  // The count the calls carry (the device word beside this rank's fault word) is the host's:
+  // every rejection above advanced it on the call's stream.
+  uint32_t device_count = 0;
+  MHCCL_TEST_CUDA(cudaMemcpy(&device_count, comm().impl()->rejected_word(), sizeof(device_count), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(device_count, comm().rejected_calls());
 }
 
 TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {

@@ -76,7 +76,7 @@ struct RankSink {
   }
   // A call of this rank rejected: its count of rejected calls (which its calls' identities carry)
   // by one, in stream order on `stream`, as Communicator::Impl::count_rejected does.
-  void count_rejected(cudaStream_t stream) const { MHCCL_TEST_CUDA(launch_count_u32(sink.fault + 1, stream)); }
+  void count_rejected(cudaStream_t stream) const { MHCCL_TEST_CUDA(launch_count_rejected(sink.fault + 1, stream)); }
   uint32_t rejected() const {
     uint32_t w = 0;
     MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 3, sizeof(w), cudaMemcpyDeviceToHost));
