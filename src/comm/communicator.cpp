@@ -755,9 +755,9 @@ void Communicator::Impl::count_rejected(cudaStream_t stream) noexcept {
   if (st == cudaSuccess && capture != cudaStreamCaptureStatusInvalidated) {
     st = kernels::launch_count_rejected(rejected_word(), stream);
   }
+  if (st != cudaSuccess) cudaGetLastError();  // this failure's own error (not sticky), at any TP
   if (prev >= 0) cudaSetDevice(prev);
   if (st == cudaSuccess || tp == 1 || unusable) return;
-  cudaGetLastError();  // the failed launch's own error (not sticky)
   unusable = true;
   try {
     unusable_reason = "a call rejected on rank " + std::to_string(rank) + " could not be counted on its stream (" +

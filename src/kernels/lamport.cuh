@@ -53,6 +53,13 @@ __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// Two adjacent words in one relaxed GPU-scope load (`p` 8-byte aligned): the fault word and this
+// rank's rejected count beside it (ErrorSink::fault).
+__device__ __forceinline__ uint2 ld_relaxed_gpu_pair(const uint32_t* p) {
+  uint2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
+}
 // Read-only inputs of the kernel (written by predecessors, stable during it).
 __device__ __forceinline__ uint4 ld_input(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
@@ -444,7 +451,9 @@ __device__ __forceinline__ Generation read_generation_cta(const LamportState* s,
     box[1] = ld_relaxed_gpu(&s->prev_rows);
     // GPU scope (load_fault_gpu): peers store into the fault word, the state and the count are
     // this GPU's own; a system-scope load cost more (PERFORMANCE.md).
-    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(box[2]), "=r"(box[3]) : "l"(e.fault) : "memory");
+    const uint2 w = ld_relaxed_gpu_pair(e.fault);
+    box[2] = w.x;
+    box[3] = w.y;
   }
   __syncthreads();
   Generation g;

@@ -69,17 +69,14 @@ struct RankSink {
     MHCCL_TEST_CUDA(cudaMemcpy(rec, records.get(), sizeof(rec), cudaMemcpyDeviceToHost));
     return rec[kTimeoutRecord];
   }
-  uint32_t fault() const {
-    uint32_t w = 0;
-    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 2, sizeof(w), cudaMemcpyDeviceToHost));
-    return w;
-  }
+  uint32_t fault() const { return word(2); }
   // A call of this rank rejected: its count of rejected calls (which its calls' identities carry)
   // by one, in stream order on `stream`, as Communicator::Impl::count_rejected does.
   void count_rejected(cudaStream_t stream) const { MHCCL_TEST_CUDA(launch_count_rejected(sink.fault + 1, stream)); }
-  uint32_t rejected() const {
+  uint32_t rejected() const { return word(3); }
+  uint32_t word(int i) const {  // words[i], read now
     uint32_t w = 0;
-    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + 3, sizeof(w), cudaMemcpyDeviceToHost));
+    MHCCL_TEST_CUDA(cudaMemcpy(&w, words.as<uint32_t>() + i, sizeof(w), cudaMemcpyDeviceToHost));
     return w;
   }
   DeviceBuffer records, words;
