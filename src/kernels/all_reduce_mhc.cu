@@ -406,9 +406,11 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
   }
 }
 
-// Two-shot: each CTA (group) sums one owned row j (row j * tp + rank) over the tp sources in
-// rank order and stores the BF16 row into every rank's reduced buffer. The grid is ceil(M/tp)
-// rows on every rank (rank-invariant); ranks owning fewer rows leave the last group idle.
+// Two-shot: each CTA (group) sums owned rows j (row j * tp + rank) over the tp sources in rank
+// order and stores the BF16 rows into every rank's reduced buffer: group g of the grid's G takes
+// rows g, g + G, ... (G = ceil(M / tp) groups, one a row, unless max_groups caps it: then each
+// group reads the state once for several rows, not once a row). Ranks owning fewer rows than
+// others leave their last group idle.
 __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
@@ -416,12 +418,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   __shared__ StateBox state_box;
   const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
-  const int64_t row = rp.row * p.tp + p.rank;
-  // Warp 0 of CTA 0 checks the call's headers (owner_headers), with or without a row to reduce.
+  // Warp 0 of CTA 0 checks the call's headers (owner_headers) with its first owned row (j = 0,
+  // row `rank`), or alone where this rank owns none (M <= rank).
   const bool checker = blockIdx.x == 0 && threadIdx.x < 32;
   const uint4* const hdr = checker ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, g.current) : nullptr;
   const uint4 want = identity_pack(p.id, g);
-  if (row >= p.m) {  // the whole CTA: this rank owns no row (M <= rank)
+  const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
+  if (owned == 0) {
     if (checker) {
       owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
                     p.reduced_rows, p.np, want, g, p.state, p.err);
@@ -429,10 +432,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
     return;
   }
   if (!checker && !rp.active) return;
-  owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack, rp.active,
-                    g, p.state, p.err, hdr, [&](uint4 header) {
-                      if (checker) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
-                    });
+  const int64_t groups = gridDim.x / p.tiling.ctas_per_row;
+  for (int64_t j = rp.row; j < owned; j += groups) {
+    const bool first = checker && j == 0;
+    owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack, rp.active,
+                      g, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
+                        if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+                      });
+  }
 }
 
 // y = bf16(y) for the reduced pack summed over `inputs` BF16 slots. A sum of one BF16 input
@@ -1210,7 +1217,20 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 }
 
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl) {
-  return launch_rows(owner_reduce_kernel, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
+  const int64_t rows = (p.m + p.tp - 1) / p.tp;
+  return launch_rows(owner_reduce_kernel, p, p.tiling, p.max_groups > 0 ? std::min<int64_t>(rows, p.max_groups) : rows,
+                     stream, pdl);
+}
+
+int owner_reduce_resident_ctas(int threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, owner_reduce_kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: a group a row then
+    return 0;
+  }
+  return per_sm * sms;
 }
 
 // Queried once per op, input and variant at construction (AllReduceMHC agrees on one value
@@ -1253,8 +1273,11 @@ bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
   // Automatic TP=1 finalize: only where its routes fit the staged group (beyond it, one dependent
   // round trip a route: not measured to pay).
   if (input == ConsumerInput::kFinalize && p.fin.top_k > kFinalizeGroup) return false;
-  if (input == ConsumerInput::kPoll) {  // automatic: one-shot from kPollStreamingMinRows, two-shot never
-    return p.contributions == nullptr && p.m >= kPollStreamingMinRows;
+  // Automatic kPoll, from kPollStreamingMinRows: the one-shot (its own publishing CTAs); the
+  // two-shot only as the consumer after its publish and owners' kernels (no roles: its own owner
+  // CTAs, 16 of them reducing every row, measured slower than the owners' kernel at TP=1).
+  if (input == ConsumerInput::kPoll) {
+    return (p.contributions == nullptr || roles == 0) && p.m >= kPollStreamingMinRows;
   }
   return p.m > p.streaming_ctas - roles;
 }

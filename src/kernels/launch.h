@@ -54,6 +54,9 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
 // per-device query: the op agrees on one value across ranks at construction.
 int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVariant variant, int inputs,
                                      int threads, int top_k = 0);
+// CTAs of the two-shot owners' reduce (OwnerReduceParams::max_groups at a CTA a row) resident
+// at once on the current device at `threads` threads a CTA; 0 where the query fails.
+int owner_reduce_resident_ctas(int threads);
 // Whether launch_consumer runs the streaming consumer for these params (a function of the
 // params only, so the host knows whether a one-shot needs its publish kernel).
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);

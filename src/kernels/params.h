@@ -358,6 +358,10 @@ struct OwnerReduceParams {
   int64_t m;
   int np;
   RowTiling tiling;
+  // Row groups (CTAs, or clusters of tiling.ctas_per_row) of the grid at most; 0: one a owned
+  // row. Where this rank owns more rows, each group loops over them (one state read a group).
+  // Not rank-invariant, nor need it be: an owner's grid pairs with nothing of its peers'.
+  int64_t max_groups;
   const LamportState* state;
   ErrorSink err;
   CallIdentity id;  // as PublishParams::id: the contributions' headers must equal it, the reduced rows' carry it

@@ -93,6 +93,9 @@ struct AllReduceMHC::Impl {
   // from HBM), and two-shot's CTAs of the owners' reduce.
   int publisher_ctas[2] = {0, 0};
   int reducer_ctas = 0;
+  // Two-shot owners' reduce at a CTA a row: its CTAs resident at once on this device (0: a CTA
+  // an owned row). Where a rank owns more rows, each CTA loops over them.
+  int owner_ctas = 0;
   tuning::Resolved resolved;  // the configuration as agreed, and where its values came from
 
   ~Impl() {
@@ -430,6 +433,7 @@ struct AllReduceMHC::Impl {
       orp.m = m;
       orp.np = np;
       orp.tiling = cp.tiling;
+      orp.max_groups = cp.tiling.ctas_per_row == 1 ? owner_ctas : 0;
       orp.state = &states[1];
       orp.err = cp.err;
       orp.id = cp.id;
@@ -557,7 +561,8 @@ void AllReduceMHC::Impl::report_construction() const {
     << kVariantNames[static_cast<int>(built)] << ": " << streaming_ctas[0][static_cast<int>(built)] << ", "
     << streaming_ctas[1][static_cast<int>(built)] << ", " << streaming_ctas[2][static_cast<int>(built)] << ", "
     << streaming_ctas[3][static_cast<int>(built)] << "; publishing CTAs " << publisher_ctas[0] << " (call), "
-    << publisher_ctas[1] << " (finalize), owners' reducing CTAs " << reducer_ctas << "; streaming_min_rows "
+    << publisher_ctas[1] << " (finalize), owners' reducing CTAs " << reducer_ctas
+    << "; owners' reduce kernel at most " << owner_ctas << " CTAs (0: one an owned row); streaming_min_rows "
     << cfg.streaming_min_rows << (cfg.streaming_min_rows < 0 ? " (automatic)" : "") << "\n";
   // The M classes: consecutive M whose calls launch alike, for the variant built (every M up to
   // 65536 rows; beyond, at powers of two and at max_num_tokens).
@@ -606,6 +611,8 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
       im.owner_rows = (cap + c.tp - 1) / c.tp;
       im.bt_mailbox = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(c.tp, im.owner_rows, im.np)),
                                            kernels::kBf16SentinelPair);
+      im.owner_ctas = kernels::owner_reduce_resident_ctas(
+          kernels::row_tiling(im.np, kernels::kMaxSingleLaunchCtas + 1, cfg.hc_mult).threads);
       im.bt_reduced = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(1, cap, im.np)),
                                            kernels::kBf16SentinelPair);
     }

@@ -397,6 +397,27 @@ TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
       }
     }
   }
+  // The automatic launch shape from kPollStreamingMinRows rows: the two-shot's publish and
+  // owners' reduce (its CTAs capped at those resident, each looping over rows), then the
+  // streaming consumer with no roles.
+  {
+    constexpr int64_t kBig = 1100;
+    AllReduceMHCConfig big = config(5120, 4, kBig, 129);
+    big.lamport_self_test = true;
+    AllReduceMHC automatic(comm(), big), big_direct(comm(), config(5120, 4, kBig, 129));
+    CallBuffers bbuf(kBig, 5120, 4, 6);
+    for (int64_t m : {kernels::kPollStreamingMinRows, kBig}) {
+      for (Variant v : variants()) {
+        for (bool fin : {false, true}) {
+          const Problem p = testing::make_problem(seed++, m, 5120, 4, 1, fin);
+          const uint64_t want = run(big_direct, bbuf, p, v, Protocol::kAuto, "direct").hash();
+          EXPECT_EQ(run(automatic, bbuf, p, v, Protocol::kTwoShot, "two-shot, automatic shape").hash(), want)
+              << "M=" << m << " " << variant_name(v) << (fin ? " finalize" : " call") << " two-shot, automatic shape";
+          ++calls;
+        }
+      }
+    }
+  }
   // finalize with top_k beyond one route group of 8 (the streaming publishers reduce the first
   // group with its loads in flight together and the later routes one at a time) and with a
   // single route, through the own mailbox against the direct path; then a bad route beyond the

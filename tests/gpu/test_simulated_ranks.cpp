@@ -11,7 +11,10 @@
 //    CTA-per-row consumers, a device synchronization between phases;
 //  - streaming: one launch per rank, the roles by arrival (publishers, owners, consumers), all
 //    ranks' grids at once (each 1/R of the device's resident CTAs, so all fit together);
-//  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once).
+//  - single launch (one-shot, M of a few rows: every rank's grid fits the device at once);
+//  - owners then streaming (two-shot, as the host runs it from 1024 rows): the publish kernels,
+//    the owners' reduce with a capped grid (3 CTAs a rank, each looping over its owned rows),
+//    then the streaming consumer with no roles, a device synchronization between phases.
 // The host-side choice between them (src/ops/all_reduce_mhc.cpp) runs in the other tests.
 // Likewise the all-gather kernel.
 #include <algorithm>
@@ -42,9 +45,10 @@ using testing::Outputs;
 using testing::Problem;
 using testing::Variant;
 
-enum class Path { kPhased, kStreaming, kSingleLaunch };
+enum class Path { kPhased, kStreaming, kSingleLaunch, kOwnersThenStreaming };
 const char* path_name(Path p) {
-  return p == Path::kPhased ? "phased" : p == Path::kStreaming ? "streaming" : "single launch";
+  return p == Path::kPhased ? "phased" : p == Path::kStreaming ? "streaming"
+         : p == Path::kSingleLaunch ? "single launch" : "owners then streaming";
 }
 
 
@@ -87,6 +91,7 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
           std::vector<Path> paths = {Path::kPhased};
           if (!phased_only && resident > 0 && m > 1) paths.push_back(Path::kStreaming);
           if (!phased_only && !two_shot && m <= 3) paths.push_back(Path::kSingleLaunch);
+          if (!phased_only && two_shot && resident > 0 && m > 1) paths.push_back(Path::kOwnersThenStreaming);
           uint64_t hash_by_tiling[kMaxCtasPerRow + 1] = {};
           for (const Path path : paths) {
             std::vector<PublishParams> pps(tp);
@@ -106,6 +111,16 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
                 ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << "tp=" << tp << " M=" << m;
               } else if (path == Path::kSingleLaunch) {
                 cp.publish_first = true;
+              } else if (path == Path::kOwnersThenStreaming) {
+                cp.tiling = orps[r].tiling = testing::is_fp8(v) ? row_tiling(np, kMaxSingleLaunchCtas + 1, kHc, 0, kFp8GroupPacks) : big;
+                orps[r].max_groups = 3;  // each owner CTA loops over its owned rows
+                cp.streaming_min_rows = -1;  // automatic: what the host runs from kPollStreamingMinRows
+                cp.m = kPollStreamingMinRows;
+                cp.streaming_ctas = resident / tp;
+                ASSERT_TRUE(consumer_streams(cp, ConsumerInput::kPoll)) << "tp=" << tp << " M=" << m;
+                cp.m = m;
+                cp.streaming_min_rows = 1;
+                cp.wait_predecessor = false;
               }
             }
             MHCCL_TEST_CUDA(cudaDeviceSynchronize());  // the uploads (legacy stream) before any launch
@@ -113,11 +128,14 @@ TEST_P(SimulatedRanks, EveryProtocolPathAgainstReference) {
               for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch(r));
               MHCCL_TEST_CUDA(cudaDeviceSynchronize());
             };
-            if (path == Path::kPhased) {
+            if (path == Path::kPhased || path == Path::kOwnersThenStreaming) {
+              if (path == Path::kOwnersThenStreaming) {
+                for (PublishParams& pp : pps) pp.tiling = cps[0].tiling;
+              }
               each([&](int r) { return launch_publish(pps[r], ranks[r]->stream, false); });
               if (two_shot) each([&](int r) { return launch_owner_reduce(orps[r], ranks[r]->stream, false); });
               for (ConsumerParams& cp : cps) {
-                cp.streaming_min_rows = 0;
+                if (path == Path::kPhased) cp.streaming_min_rows = 0;
                 cp.wait_predecessor = false;
               }
             }

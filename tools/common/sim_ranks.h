@@ -302,6 +302,7 @@ struct ConcurrentGroup {
       case Kind::kPhasedOneShot:
       case Kind::kTwoShot:
         MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
+        orp.max_groups = p.m % 2 ? 2 : 0;  // odd M: 2 owner groups, each looping over its owned rows
         if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
         cp.wait_predecessor = false;
         cp.streaming_min_rows = 0;
