@@ -407,10 +407,13 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
 }
 
 // Two-shot: each CTA (group) sums owned rows j (row j * tp + rank) over the tp sources in rank
-// order and stores the BF16 rows into every rank's reduced buffer: group g of the grid's G takes
-// rows g, g + G, ... (G = ceil(M / tp) groups, one a row, unless max_groups caps it: then each
-// group reads the state once for several rows, not once a row). Ranks owning fewer rows than
-// others leave their last group idle.
+// order and stores the BF16 rows into every rank's reduced buffer. kLoop false: the grid is
+// ceil(M / tp) groups, one an owned row (rank-invariant); ranks owning fewer rows leave the last
+// group idle. kLoop true (launch_owner_reduce, where max_groups caps the grid below the owned
+// rows): group g of the G takes rows g, g + G, ..., reading the state once for all of them. Two
+// instantiations, not one loop: as one kernel, the two-shot finalize at M = 8 measured 9% slower
+// (one H200, 2026-12-04; its single row a group took the loop's code).
+template <bool kLoop>
 __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const OwnerReduceParams p) {
   const RowPack rp = row_pack(p.tiling, p.np);
   if (p.wait_predecessor) pdl_wait();
@@ -418,13 +421,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   __shared__ StateBox state_box;
   const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
+  const int64_t row = rp.row * p.tp + p.rank;
   // Warp 0 of CTA 0 checks the call's headers (owner_headers) with its first owned row (j = 0,
   // row `rank`), or alone where this rank owns none (M <= rank).
   const bool checker = blockIdx.x == 0 && threadIdx.x < 32;
   const uint4* const hdr = checker ? owner_header_at(p.mailbox, p.tp, p.owner_rows, p.np, g.current) : nullptr;
   const uint4 want = identity_pack(p.id, g);
-  const int64_t owned = p.m > p.rank ? (p.m - p.rank + p.tp - 1) / p.tp : 0;
-  if (owned == 0) {
+  if (row >= p.m) {  // the whole CTA: this rank owns no row of this group (for CTA 0: M <= rank)
     if (checker) {
       owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
                     p.reduced_rows, p.np, want, g, p.state, p.err);
@@ -432,13 +435,21 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
     return;
   }
   if (!checker && !rp.active) return;
-  const int64_t groups = gridDim.x / p.tiling.ctas_per_row;
-  for (int64_t j = rp.row; j < owned; j += groups) {
-    const bool first = checker && j == 0;
-    owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack, rp.active,
-                      g, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
-                        if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+  if constexpr (!kLoop) {
+    owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack,
+                      rp.active, g, p.state, p.err, hdr, [&](uint4 header) {
+                        if (checker) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
                       });
+  } else {
+    const int64_t owned = (p.m - p.rank + p.tp - 1) / p.tp;  // > rp.row: row < m above
+    const int64_t groups = gridDim.x / p.tiling.ctas_per_row;
+    for (int64_t j = rp.row; j < owned; j += groups) {
+      const bool first = checker && j == 0;
+      owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack, rp.active,
+                        g, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
+                          if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+                        });
+    }
   }
 }
 
@@ -1218,15 +1229,17 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl) {
   const int64_t rows = (p.m + p.tp - 1) / p.tp;
-  return launch_rows(owner_reduce_kernel, p, p.tiling, p.max_groups > 0 ? std::min<int64_t>(rows, p.max_groups) : rows,
-                     stream, pdl);
+  if (p.max_groups > 0 && rows > p.max_groups) {
+    return launch_rows(owner_reduce_kernel<true>, p, p.tiling, p.max_groups, stream, pdl);
+  }
+  return launch_rows(owner_reduce_kernel<false>, p, p.tiling, rows, stream, pdl);
 }
 
 int owner_reduce_resident_ctas(int threads) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, owner_reduce_kernel, threads, 0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, owner_reduce_kernel<true>, threads, 0) != cudaSuccess) {
     cudaGetLastError();  // not sticky: a group a row then
     return 0;
   }
@@ -1285,7 +1298,8 @@ bool consumer_streams(const ConsumerParams& p, ConsumerInput input) {
 cudaError_t preload_all_reduce_mhc_kernels(int hc) {
   std::vector<const void*> fns = {reinterpret_cast<const void*>(publish_kernel<false>),
                                   reinterpret_cast<const void*>(publish_kernel<true>),
-                                  reinterpret_cast<const void*>(owner_reduce_kernel)};
+                                  reinterpret_cast<const void*>(owner_reduce_kernel<false>),
+                                  reinterpret_cast<const void*>(owner_reduce_kernel<true>)};
   for (const ConsumerInput in : {ConsumerInput::kPoll, ConsumerInput::kDirect, ConsumerInput::kFinalize}) {
     for (const ConsumerVariant v : {ConsumerVariant::kPlain, ConsumerVariant::kMxfp8, ConsumerVariant::kResidualOnly,
                                     ConsumerVariant::kFp8}) {

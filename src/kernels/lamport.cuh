@@ -118,24 +118,13 @@ __device__ __forceinline__ int64_t mailbox_offset(uint32_t gen, int tp, int sour
   return ((static_cast<int64_t>(gen) * tp + source) * slot_rows + row) * np + pack;
 }
 
-// A kernel parameter's pointer as an opaque register value at this point of the code: the
-// address arithmetic on it stays where it is used. In a loop, the compiler otherwise hoists
-// each target's base plus the loop-invariant part of the offset out of it, 64 bits a target
-// held across the whole loop (the streaming finalize publishers spilled them: ptxas -v, 64
-// bytes at hc = 4); a parameter read again costs nothing (a constant-bank operand).
-template <class T>
-__device__ __forceinline__ T* param_pointer(T* p) {
-  asm volatile("" : "+l"(p));
-  return p;
-}
-
 // Stores `v` at pack `off` of each of the tp mailboxes in `targets` (an array of the kernel's
 // parameters, indexed with compile-time indices only, so it stays in parameter space).
 __device__ __forceinline__ void store_to_ranks(void* const (&targets)[kMaxTp], int tp, int64_t off,
                                                uint4 v) {
 #pragma unroll
   for (int i = 0; i < kMaxTp; ++i) {
-    if (i < tp) st_volatile(static_cast<uint4*>(param_pointer(targets[i])) + off, v);
+    if (i < tp) st_volatile(static_cast<uint4*>(targets[i]) + off, v);
   }
 }
 
