@@ -82,7 +82,8 @@ struct AllReduceMHCConfig {
   // some reduce the owned rows) while the others consume, so the NVLink stores overlap the
   // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, TP=1 finalize with
   // top_k <= 8, after the NCCL fallback's all-reduce) when M exceeds the CTAs resident at once;
-  // one-shot from 1024 rows; two-shot never (measured on one GPU so far: docs/PERFORMANCE-HISTORY.md).
+  // one-shot from 1024 rows; two-shot from 1024 rows as the consumer after its publish and owners'
+  // reduce kernels, which stay separate (measured on one GPU so far: docs/PERFORMANCE.md).
   int64_t streaming_min_rows = -1;
   // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
   // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the

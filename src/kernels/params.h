@@ -278,10 +278,13 @@ constexpr int kSmallMCtasPerRow = 5;
 // 192 KiB). Above it (TP=8 one-shot) the CTA-per-row consumer runs.
 constexpr size_t kMaxStreamingSmem = 200 * 1024;
 // The automatic choice (streaming_min_rows = -1) of the polling consumer: the one-shot call
-// streams (one launch, its own publishing CTAs) from this many rows; two-shot does not. Measured
-// on one H200 through the own mailbox (TP=1 self-test, docs/PERFORMANCE.md): streaming is 8%
-// slower at 512 rows, 5% (call) and 16% (finalize) faster at 1024, 14-22% from 2048. TP=2 is
-// yet to be measured (not yet run on two GPUs).
+// streams (one launch, its own publishing CTAs) from this many rows. Measured on one H200
+// through the own mailbox (TP=1 self-test, docs/PERFORMANCE.md): streaming is 8% slower at 512
+// rows, 5% (call) and 16% (finalize) faster at 1024, 14-22% from 2048. The two-shot's consumer
+// streams from this many rows too, after its publish and owners' kernels (no roles of its own):
+// with the owners' reduce on its resident CTAs, 30-33% faster than the CTA-per-row consumer at
+// 1024 and 4096 rows (call), 24-26% (finalize) (one H200, 2026-12-04, 1b0b5e3). TP=2 is yet to
+// be measured (not yet run on two GPUs).
 constexpr int64_t kPollStreamingMinRows = 1024;
 
 struct ConsumerParams {
@@ -330,8 +333,8 @@ struct ConsumerParams {
   CallIdentity id;  // kPoll: this rank's identity of the call, which every peer's call header must equal
   // Rows of one CTA, kDirect or kPoll (not a single launch): from this many rows the streaming
   // (persistent, prefetching) consumer runs on min(M + role CTAs, streaming_ctas) CTAs; 0:
-  // never; -1: automatic (kDirect when M exceeds its CTAs; kPoll one-shot from
-  // kPollStreamingMinRows, two-shot never).
+  // never; -1: automatic (kDirect when M exceeds its CTAs; kPoll from kPollStreamingMinRows:
+  // one-shot with its publishing CTAs, two-shot after its publish and owners' kernels, no roles).
   int64_t streaming_min_rows;
   // CTAs of the streaming consumer resident at once for this input, the same on every rank (the
   // op's minimum over the ranks, agreed at construction: launch shapes never depend on a

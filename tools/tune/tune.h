@@ -49,7 +49,11 @@ struct Choice {
 
 // The path a choice takes at M: 0 one-shot, 1 two-shot, 2 nccl; and whether it streams
 // (the library's rule: streaming_min_rows 0 never, > 0 from it, -1 automatic: one-shot from
-// 1024 rows, two-shot never, the NCCL path's direct consumer beyond `resident` rows).
+// 1024 rows, the NCCL path's direct consumer beyond `resident` rows). Two-shot, automatic: the
+// model takes the CTA-per-row consumer's time ("streaming off"), although from 1024 rows the
+// library streams the consumer after the owners' kernel (since 1b0b5e3; a shape the sweep does
+// not time, measured faster than "off" on one H200): the model is pessimistic for it there, and
+// the re-measurement of the entry against the defaults keeps a table from choosing slower.
 int path_at(const Choice& c, int64_t m);
 bool streams_at(const Choice& c, int path, int64_t m, int64_t resident);
 double predicted_us(const Choice& c, int64_t m, const PathTimes& t, int64_t resident);
