@@ -362,9 +362,11 @@ __device__ __forceinline__ void owner_headers(const uint4* hdr, uint4 v, void* c
 // s < tp: source s's, at `hdr`; nullptr for the other threads and rows) are loaded before the
 // contributions and re-loaded by their polls while stale (wait_slot), so that their round trip
 // overlaps the contributions'; `before_publish` (warp 0, converged: owner_headers) checks them
-// and stores this owner's header between the wait and the reduced pack's stores.
+// and stores this owner's header between the wait and the reduced pack's stores. Returns false
+// where this thread's wait failed or a fault refused its store: an owner that loops over rows
+// then stores no later one (PROTOCOL.md, I12b).
 template <class BeforePublish>
-__device__ __forceinline__ void owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
+__device__ __forceinline__ bool owner_reduce_pack(const void* contributions, void* const (&reduced)[kMaxTp], int tp,
                                                   int rank, int64_t owner_rows, int64_t reduced_rows, int64_t j,
                                                   int np, int pack, bool active, const Generation& g,
                                                   const LamportState* state, const ErrorSink& err,
@@ -396,21 +398,24 @@ __device__ __forceinline__ void owner_reduce_pack(const void* contributions, voi
   }
   before_publish(header);
   // Every contribution arrived (a failed wait recorded why and raised the fault), and no fault
-  // stood when the kernel read the state.
-  if (!active || !arrived || !may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return;
+  // stood when the kernel read the state (or, looping, when this row's fault word was read).
+  if (!active) return true;
+  if (!arrived || !may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, gen, row, state})) return false;
   const uint4 y = publishable<Bf16Lanes>(pack_bf16(acc));
   const int64_t off = (static_cast<int64_t>(gen) * reduced_rows + row) * np + pack;
 #pragma unroll
   for (int i = 0; i < kMaxTp; ++i) {
     if (i < tp) st_volatile(static_cast<uint4*>(reduced[i]) + off, y);
   }
+  return true;
 }
 
 // Two-shot: each CTA (group) sums owned rows j (row j * tp + rank) over the tp sources in rank
 // order and stores the BF16 rows into every rank's reduced buffer. kLoop false: the grid is
-// ceil(M / tp) groups, one an owned row (rank-invariant); ranks owning fewer rows leave the last
+// ceil(M / tp) groups, one an owned row; ranks owning fewer rows leave the last
 // group idle. kLoop true (launch_owner_reduce, where max_groups caps the grid below the owned
-// rows): group g of the G takes rows g, g + G, ..., reading the state once for all of them. Two
+// rows): group g of the G takes rows g, g + G, ..., reading the state once for all of them (and
+// the fault word row by row). Two
 // instantiations, not one loop: as one kernel, the two-shot finalize at M = 8 measured 9% slower
 // (one H200, 2026-12-04; its single row a group took the loop's code).
 template <bool kLoop>
@@ -441,14 +446,23 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
                         if (checker) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
                       });
   } else {
+    // Each row after the CTA's first also reads the fault word (a GPU-scope load, in flight with
+    // the row's contributions), as a CTA a row reads it with the state: a fault raised while
+    // this CTA loops stops its later rows even where their contributions already arrived (a
+    // wait that completes at its first load reads no fault word). A failed wait or a refused
+    // store ends the loop (PROTOCOL.md, I12b).
     const int64_t owned = (p.m - p.rank + p.tp - 1) / p.tp;  // > rp.row: row < m above
     const int64_t groups = gridDim.x / p.tiling.ctas_per_row;
+    Generation gj = g;
     for (int64_t j = rp.row; j < owned; j += groups) {
       const bool first = checker && j == 0;
-      owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack, rp.active,
-                        g, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
-                          if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
-                        });
+      if (j != rp.row) gj.fault = g.fault | load_fault_gpu(p.err);
+      if (!owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack,
+                             rp.active, gj, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
+                               if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+                             })) {
+        break;
+      }
     }
   }
 }
@@ -903,6 +917,10 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
                   p.np, want, g, p.state, p.err);
     return;
   }
+  // Unlike owner_reduce_kernel<true>, these owners do not read the fault word row by row nor
+  // stop at a failed wait (PROTOCOL.md, I12b: an open limit of this opt-in shape; as it does
+  // there, the change put 8-24 more bytes of spill into the one-shot finalize's streaming
+  // kernel, which shares this code's registers, and was not measured).
   for (int64_t j = index; j < owned; j += count) {
     const bool first = checker && j == 0;
     owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, active, g,
@@ -1073,7 +1091,9 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
 //
 // IN = kDirect (TP=1 call, the NCCL fallback's reduced rows) and kFinalize (TP=1 finalize): every
 // CTA consumes, rows r, r + gridDim.x, ...
-// IN = kPoll (one-shot above the single launch, two-shot): one launch for the whole call. Each
+// IN = kPoll (one-shot above the single launch; two-shot where streaming_min_rows asks): one
+// launch for the whole call (the two-shot's automatic shape from kPollStreamingMinRows rows
+// keeps its publish and owners' kernels before it, and every CTA consumes). Each
 // CTA takes a ticket on arrival (the generation advance's, arrive_early); the first
 // publisher_ctas tickets publish this rank's rows in row order (one-shot: into every rank's
 // mailbox; two-shot: into the owners'), the next reducer_ctas (two-shot) reduce this rank's

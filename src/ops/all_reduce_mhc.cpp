@@ -277,7 +277,8 @@ struct AllReduceMHC::Impl {
       if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = cp.reducer_ctas = 0;
         s.publish_kernel = s.owner_reduce_kernel = true;
-        // The consumer after them streams only where streaming_min_rows asks (with no roles).
+        // The consumer after them streams (with no roles) automatically from
+        // kPollStreamingMinRows rows (consumer_streams), and its owners' CTAs then loop (run()).
       }
     } else {  // NCCL fallback: the consumer reads the all-reduced rows
       s.input = ConsumerInput::kDirect;
@@ -296,6 +297,10 @@ struct AllReduceMHC::Impl {
       t += ": ncclAllReduce, then the consumer";
     } else if (s.owner_reduce_kernel) {
       t += ": publish, owners' reduce, consumer";
+      const int64_t owned = (m + comm->tp - 1) / comm->tp;
+      if (kernels::consumer_streams(cp, s.input) && owner_ctas > 0 && owned > owner_ctas) {
+        t += " (the owners' reduce on " + std::to_string(owner_ctas) + " CTAs, each looping over rows)";
+      }
     } else if (s.publish_kernel) {
       t += ": publish, consumer";
     } else if (!direct) {
@@ -433,7 +438,9 @@ struct AllReduceMHC::Impl {
       orp.m = m;
       orp.np = np;
       orp.tiling = cp.tiling;
-      orp.max_groups = cp.tiling.ctas_per_row == 1 ? owner_ctas : 0;
+      // The owners loop on their resident CTAs only where the consumer after them streams (from
+      // kPollStreamingMinRows rows, automatic): the shape measured (PERFORMANCE.md, 2026-12-04).
+      orp.max_groups = kernels::consumer_streams(cp, s.input) ? owner_ctas : 0;
       orp.state = &states[1];
       orp.err = cp.err;
       orp.id = cp.id;

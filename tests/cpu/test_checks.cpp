@@ -954,9 +954,14 @@ TEST(LaunchChoice, StreamingConsumerRules) {
   p.publish_first = true;  // a single launch never streams
   EXPECT_FALSE(streams(4096, ConsumerInput::kPoll));
   p.publish_first = false;
-  // Two-shot (contributions given): never automatic; when asked, like the others.
+  // Two-shot (contributions given): automatic only as the consumer after its publish and owners'
+  // kernels (no roles), from kPollStreamingMinRows; with roles only when asked, like the others.
   int dummy = 0;
   p.contributions = &dummy;
+  p.publisher_ctas = 0;
+  EXPECT_FALSE(streams(kernels::kPollStreamingMinRows - 1, ConsumerInput::kPoll));
+  EXPECT_TRUE(streams(kernels::kPollStreamingMinRows, ConsumerInput::kPoll));
+  p.publisher_ctas = 16;
   p.reducer_ctas = 16;
   EXPECT_FALSE(streams(8192, ConsumerInput::kPoll));
   p.streaming_min_rows = 2;

@@ -302,7 +302,10 @@ struct ConcurrentGroup {
       case Kind::kPhasedOneShot:
       case Kind::kTwoShot:
         MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
-        orp.max_groups = p.m % 2 ? 2 : 0;  // odd M: 2 owner groups, each looping over its owned rows
+        // Even ranks: one owner group looping over every owned row (the owners' kernel with its
+        // grid capped: where the consumer streams the library caps it at the CTAs resident on
+        // the rank's own device, which may differ between ranks); odd ranks: a group a row.
+        orp.max_groups = r % 2 == 0 ? 1 : 0;
         if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
         cp.wait_predecessor = false;
         cp.streaming_min_rows = 0;
