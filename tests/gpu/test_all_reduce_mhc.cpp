@@ -406,6 +406,16 @@ TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
     big.lamport_self_test = true;
     AllReduceMHC automatic(comm(), big), big_direct(comm(), config(5120, 4, kBig, 129));
     CallBuffers bbuf(kBig, 5120, 4, 6);
+    // What makes the host take that shape here (else the comparison below would check the
+    // CTA-per-row path): the streaming consumer can run, and the owners' resident CTAs are fewer
+    // than the rows (the loop runs).
+    const kernels::RowTiling t = kernels::row_tiling(640, kernels::kMaxSingleLaunchCtas + 1, 4);
+    ASSERT_EQ(t.ctas_per_row, 1);
+    EXPECT_GT(kernels::streaming_consumer_resident_ctas(4, kernels::ConsumerInput::kPoll, consumer_variant(qv()), 1,
+                                                        t.threads), 0);
+    const int owners = kernels::owner_reduce_resident_ctas(t.threads);
+    EXPECT_GT(owners, 0);
+    EXPECT_LT(owners, kernels::kPollStreamingMinRows);
     for (int64_t m : {kernels::kPollStreamingMinRows, kBig}) {
       for (Variant v : variants()) {
         for (bool fin : {false, true}) {
