@@ -83,7 +83,8 @@ struct AllReduceMHCConfig {
   // epilogue. 0: never. -1 (automatic): the direct consumer (TP=1 call, TP=1 finalize with
   // top_k <= 8, after the NCCL fallback's all-reduce) when M exceeds the CTAs resident at once;
   // one-shot from 1024 rows; two-shot from 1024 rows as the consumer after its publish and owners'
-  // reduce kernels, which stay separate, the owners looping on their resident CTAs (measured on
+  // reduce kernels, which stay separate, the owners looping on their resident CTAs where the
+  // owned rows exceed them (measured on
   // one GPU so far: docs/PERFORMANCE.md). A value > 0 gives the two-shot the one launch with
   // roles above, not that automatic shape (through the own mailbox on one H200 the automatic
   // shape was the faster at 4096 rows: docs/PERFORMANCE-HISTORY.md, docs/PERFORMANCE.md).

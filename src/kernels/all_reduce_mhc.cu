@@ -918,9 +918,9 @@ __device__ __forceinline__ void reduce_owned_rows(const ConsumerParams& p, const
     return;
   }
   // Unlike owner_reduce_kernel<true>, these owners do not read the fault word row by row nor
-  // stop at a failed wait (PROTOCOL.md, I12b: an open limit of this opt-in shape; as it does
-  // there, the change put 8-24 more bytes of spill into the one-shot finalize's streaming
-  // kernel, which shares this code's registers, and was not measured).
+  // stop at a failed wait (PROTOCOL.md, I12b: an open limit of this opt-in shape). Made here as
+  // in owner_reduce_kernel<true>, that change put 8-24 more bytes of spill into the one-shot
+  // finalize's streaming kernel, which shares this code's registers; not measured, not made.
   for (int64_t j = index; j < owned; j += count) {
     const bool first = checker && j == 0;
     owner_reduce_pack(p.contributions, p.reduced, p.tp, p.rank, p.owner_rows, p.slot_rows, j, p.np, pack, active, g,

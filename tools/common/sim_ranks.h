@@ -278,6 +278,9 @@ struct ConcurrentGroup {
   std::vector<std::unique_ptr<RankSink>>& sinks;
   std::vector<std::unique_ptr<SimRank>> ranks;
   int resident[2] = {0, 0};
+  // Tests only (the simulated bench times the library's launches): the even ranks' two-shot
+  // owners on one looping row group (launch).
+  bool capped_owners = false;
   // A call of rank r rejected (its count, beside its fault word, by one on its stream).
   void reject(int r) { sinks[r]->count_rejected(ranks[r]->stream); }
   // PDL at TP=2 only: a dependent grid launched early holds its SMs while it waits in
@@ -302,10 +305,11 @@ struct ConcurrentGroup {
       case Kind::kPhasedOneShot:
       case Kind::kTwoShot:
         MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
-        // Even ranks: one owner group looping over every owned row (the owners' kernel with its
-        // grid capped: where the consumer streams the library caps it at the CTAs resident on
-        // the rank's own device, which may differ between ranks); odd ranks: a group a row.
-        orp.max_groups = r % 2 == 0 ? 1 : 0;
+        // capped_owners: even ranks' owners one row group looping over every owned row (the
+        // owners' kernel with its grid capped, which the library runs where its consumer streams,
+        // capped at the CTAs resident on the rank's own device, so ranks may differ); odd ranks'
+        // a group a row. Off: a group a row on every rank, as the library runs these M.
+        orp.max_groups = capped_owners && r % 2 == 0 ? 1 : 0;
         if (two_shot) MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
         cp.wait_predecessor = false;
         cp.streaming_min_rows = 0;
