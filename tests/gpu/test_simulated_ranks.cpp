@@ -355,7 +355,7 @@ std::vector<PlannedCall> plan_calls(int tp, int n, uint64_t seed, uint64_t max_d
   std::vector<PlannedCall> calls;
   for (int c = 0; c < n; ++c) {
     PlannedCall pc;
-    pc.kind = static_cast<Kind>(rng() % 5);
+    pc.kind = static_cast<Kind>(rng() % kKinds);
     const bool fin = rng() % 2;
     pc.v = static_cast<Variant>(rng() % 3);
     pc.p = testing::make_problem(rng(), rows_for(pc.kind, rng()), ConcurrentGroup::kH, ConcurrentGroup::kHc, tp, fin);
@@ -524,7 +524,8 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
   constexpr uint64_t kBudgetNs = 60'000'000;  // 60 ms
   constexpr int kCalls = 10, kStallCall = 3;
   const int stalled = tp - 1;
-  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot,
+                          Kind::kOwnersStreamTwoShot}) {
     for (const bool graph : {false, true}) {
       ConcurrentGroup g(tp, 128, kBudgetNs);
       g.capped_owners = true;  // even ranks: one looping owner group
@@ -720,7 +721,8 @@ TEST_P(ConcurrentRanks, DivergentCallsGetAnErrorNeverAWrongValue) {
   const int tp = GetParam();
   for (const Divergence d : {Divergence::kRejectedOnOneRank, Divergence::kRejectedOnEveryRank, Divergence::kOtherM,
                              Divergence::kFinalizeAgainstCall}) {
-    for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+    for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot,
+                          Kind::kOwnersStreamTwoShot}) {
       for (const bool graph : {false, true}) {
         run_divergence(tp, kind, d, graph, d == Divergence::kRejectedOnEveryRank ? 14 : 8, 3);
         if (HasFatalFailure()) return;
@@ -829,7 +831,8 @@ TEST_P(ConcurrentRanks, RejectedBetweenCaptureAndReplayGetsAnError) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   for (const bool every : {false, true}) {
-    for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+    for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot,
+                          Kind::kOwnersStreamTwoShot}) {
       run_rejected_between_capture_and_replay(tp, kind, every);
       if (HasFatalFailure()) return;
     }
@@ -968,7 +971,8 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
   constexpr int kCallsA = 5, kStallCall = 3, kCallsB = 3, kGathers = 2;
   constexpr int64_t kGatherBytes = 4096;
   const int stalled = tp - 1;
-  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot}) {
+  for (const Kind kind : {Kind::kSingle, Kind::kPhasedOneShot, Kind::kTwoShot, Kind::kStreamOneShot, Kind::kStreamTwoShot,
+                          Kind::kOwnersStreamTwoShot}) {
     // B: the other protocol of A's (one-shot against two-shot), in its CTA-per-row shape.
     const Kind kind_b = kind_two_shot(kind) ? Kind::kPhasedOneShot : Kind::kTwoShot;
     for (const bool graph : {false, true}) {

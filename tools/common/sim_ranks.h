@@ -224,10 +224,15 @@ inline void build_params(std::vector<std::unique_ptr<SimRank>>& ranks, int r, co
 // its peers still run (PROTOCOL.md I4, I12b). The launch sequence of each path is the library's
 // (src/ops/all_reduce_mhc.cpp): PDL on, a publish's consumer not waiting for its predecessor.
 // Every rank's grids together stay well within the device (a streaming grid at most 1/(4R) of the
-// streaming kernel's resident CTAs, CTA-per-row grids of a few rows; with PDL a rank may hold
-// two grids at once), so that no rank's spinning kernels can keep a peer's kernel from being
+// streaming kernel's resident CTAs, CTA-per-row grids of a few rows, but for the publish kernels
+// of kOwnersStreamTwoShot, whose CTAs wait for nothing, and its two looping owner CTAs a rank;
+// with PDL a rank may hold two grids at once), so that no rank's spinning kernels can keep a peer's kernel from being
 // scheduled, which on real hardware (a GPU a rank) cannot happen.
-enum class Kind { kSingle, kPhasedOneShot, kTwoShot, kStreamOneShot, kStreamTwoShot };
+// kOwnersStreamTwoShot: the two-shot's automatic shape from 1024 rows (publish, the owners'
+// reduce on a capped grid looping over rows, then the streaming consumer with no roles), at
+// the streaming kinds' M.
+enum class Kind { kSingle, kPhasedOneShot, kTwoShot, kStreamOneShot, kStreamTwoShot, kOwnersStreamTwoShot };
+constexpr int kKinds = 6;
 inline const char* kind_name(Kind k) {
   switch (k) {
     case Kind::kSingle: return "single launch";
@@ -235,10 +240,13 @@ inline const char* kind_name(Kind k) {
     case Kind::kTwoShot: return "two-shot publish + owners + consumer";
     case Kind::kStreamOneShot: return "streaming one-shot";
     case Kind::kStreamTwoShot: return "streaming two-shot";
+    case Kind::kOwnersStreamTwoShot: return "two-shot publish + looping owners + streaming consumer";
   }
   return "?";
 }
-inline bool kind_two_shot(Kind k) { return k == Kind::kTwoShot || k == Kind::kStreamTwoShot; }
+inline bool kind_two_shot(Kind k) {
+  return k == Kind::kTwoShot || k == Kind::kStreamTwoShot || k == Kind::kOwnersStreamTwoShot;
+}
 
 // The error sinks and fault words of R simulated ranks: one communicator's. Ops of the same
 // communicator (ConcurrentGroup's `comm`) share them, as the library's ops share their
@@ -314,6 +322,23 @@ struct ConcurrentGroup {
         cp.wait_predecessor = false;
         cp.streaming_min_rows = 0;
         break;
+      case Kind::kOwnersStreamTwoShot: {
+        // One CTA a row for all three kernels (the library's tiling from 1024 rows); two owner
+        // CTAs a rank, each looping over its owned rows; the consumer's grid as the streaming
+        // kinds', every CTA of it consuming.
+        const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
+        pp.tiling = orp.tiling = cp.tiling = big;
+        orp.max_groups = 2;
+        MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
+        MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
+        cp.wait_predecessor = false;
+        cp.streaming_min_rows = 1;
+        cp.streaming_ctas = resident[1] / (4 * tp);
+        if (!consumer_streams(cp, ConsumerInput::kPoll)) {
+          throw std::runtime_error(std::string(kind_name(kind)) + " M=" + std::to_string(p.m) + ": the consumer does not stream");
+        }
+        break;
+      }
       case Kind::kStreamOneShot:
       case Kind::kStreamTwoShot:
         cp.tiling = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
