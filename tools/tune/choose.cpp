@@ -9,6 +9,18 @@ namespace mhccl::tune {
 
 namespace {
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+// The fastest measured path at one M (every shape timed there), < 0 where none was.
+double fastest_us(const PathTimes& t) {
+  double fastest = -1;
+  auto take = [&](double v) {
+    if (v > 0 && (fastest < 0 || v < fastest)) fastest = v;
+  };
+  for (const auto& row : t.t) {
+    for (double v : row) take(v);
+  }
+  take(t.two_shot_auto);
+  return fastest;
+}
 }
 
 std::vector<int64_t> swept_rows(int64_t max_rows, bool quick) {
@@ -28,14 +40,15 @@ int path_at(const Choice& c, int64_t m) { return m >= c.nccl ? 2 : m >= c.two_sh
 bool streams_at(const Choice& c, int path, int64_t m, int64_t resident) {
   if (c.streaming == 0 || m <= 1) return false;
   if (c.streaming > 0) return m >= c.streaming;
-  if (path == 0) return m >= 1024;  // kernels::kPollStreamingMinRows
-  if (path == 1) return false;
+  if (path == 0 || path == 1) return m >= kAutoStreamRows;
   return m > resident;
 }
 
 double predicted_us(const Choice& c, int64_t m, const PathTimes& t, int64_t resident) {
   const int p = path_at(c, m);
-  return t.t[p][streams_at(c, p, m, resident) ? 1 : 0];
+  const bool streams = streams_at(c, p, m, resident);
+  if (p == 1 && c.streaming < 0) return streams && t.two_shot_auto > 0 ? t.two_shot_auto : t.t[1][0];
+  return t.t[p][streams ? 1 : 0];
 }
 
 Tuned choose(const std::map<int64_t, PathTimes> times[2], const Choice defaults[2], bool allow_nccl, int64_t resident) {
@@ -64,12 +77,7 @@ Tuned choose(const std::map<int64_t, PathTimes> times[2], const Choice defaults[
         for (const auto& [m, t] : times[op]) {
           const double pred = predicted_us(c, m, t, resident);
           const double dflt = predicted_us(defaults[op], m, t, resident);
-          double fastest = -1;
-          for (const auto& row : t.t) {
-            for (double v : row) {
-              if (v > 0 && (fastest < 0 || v < fastest)) fastest = v;
-            }
-          }
+          const double fastest = fastest_us(t);
           if (pred <= 0 || (dflt > 0 && pred > dflt * (1 + 1e-12))) {
             ok = false;
             break;
@@ -90,12 +98,7 @@ Tuned choose(const std::map<int64_t, PathTimes> times[2], const Choice defaults[
   // The defaults' own score first: a choice replaces them only when strictly better.
   for (int op = 0; op < 2; ++op) {
     for (const auto& [m, t] : times[op]) {
-      double fastest = -1;
-      for (const auto& row : t.t) {
-        for (double v : row) {
-          if (v > 0 && (fastest < 0 || v < fastest)) fastest = v;
-        }
-      }
+      const double fastest = fastest_us(t);
       const double d = predicted_us(defaults[op], m, t, resident);
       r.default_score += d > 0 ? d / fastest : 0;
     }

@@ -38,7 +38,15 @@ std::vector<int64_t> swept_rows(int64_t max_rows, bool quick);
 // path: "one-shot", "two-shot", "nccl"; streaming on or off.
 struct PathTimes {
   double t[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};  // [one-shot, two-shot, nccl][streaming off, on]
+  // The two-shot's automatic shape (streaming_min_rows -1, from kAutoStreamRows rows): publish,
+  // the owners' reduce looping on its resident CTAs, the streaming consumer with no roles;
+  // neither "off" (the CTA-per-row consumer) nor "on" (one launch with roles). < 0: not measured.
+  double two_shot_auto = -1;
 };
+
+// From this many rows the automatic choice streams the one-shot and the two-shot's consumer
+// (kernels::kPollStreamingMinRows).
+inline constexpr int64_t kAutoStreamRows = 1024;
 
 // A choice of the thresholds of one op kind (call or finalize) and the streaming threshold.
 struct Choice {
@@ -48,12 +56,10 @@ struct Choice {
 };
 
 // The path a choice takes at M: 0 one-shot, 1 two-shot, 2 nccl; and whether it streams
-// (the library's rule: streaming_min_rows 0 never, > 0 from it, -1 automatic: one-shot from
-// 1024 rows, the NCCL path's direct consumer beyond `resident` rows). Two-shot, automatic: the
-// model takes the CTA-per-row consumer's time ("streaming off"), although from 1024 rows the
-// library streams the consumer after the owners' kernel (since 1b0b5e3; a shape the sweep does
-// not time, measured faster than "off" on one H200): the model is pessimistic for it there, and
-// the re-measurement of the entry against the defaults keeps a table from choosing slower.
+// (the library's rule: streaming_min_rows 0 never, > 0 from it, -1 automatic: one-shot and the
+// two-shot's consumer from kAutoStreamRows rows, the NCCL path's direct consumer beyond
+// `resident` rows). predicted_us: the time of that path at M; for the two-shot's automatic
+// shape, PathTimes::two_shot_auto (where it was not measured, the CTA-per-row time, "off").
 int path_at(const Choice& c, int64_t m);
 bool streams_at(const Choice& c, int path, int64_t m, int64_t resident);
 double predicted_us(const Choice& c, int64_t m, const PathTimes& t, int64_t resident);

@@ -276,6 +276,20 @@ int run_tune(Run& r) {
               }().c_str());
       }
     }
+    // The two-shot's automatic shape from kAutoStreamRows rows (publish, owners looping, the
+    // streaming consumer with no roles): neither of the two above, and what the defaults run there.
+    if (cap >= kAutoStreamRows) {
+      AllReduceMHC op(r.comm, r.config(variant, cap, -1));
+      for (const bool fin : {false, true}) {
+        for (const int64_t m : ms) {
+          if (m < kAutoStreamRows) continue;
+          const double us = r.time_op(op, sets, variant, fin, m, Protocol::kTwoShot, cap);
+          times[fin][m].two_shot_auto = us;
+          timings.push_back(json{{"op", fin ? "finalize" : "call"}, {"m", m}, {"path", "two-shot"},
+                                 {"streaming", true}, {"shape", "automatic"}, {"us", us}});
+        }
+      }
+    }
     const Choice defaults[2] = {{dflt.cfg.two_shot_min_rows, dflt.cfg.nccl_min_rows, dflt.cfg.streaming_min_rows},
                                 {dflt.cfg.two_shot_min_finalize_rows, dflt.cfg.nccl_min_finalize_rows,
                                  dflt.cfg.streaming_min_rows}};
@@ -378,7 +392,8 @@ int run_tune(Run& r) {
         const double d = predicted_us(defaults[op], m, t, resident), u = predicted_us(c, m, t, resident);
         auto path = [&](const Choice& x) {
           const int p = path_at(x, m);
-          return std::string(kPathNames[p]) + (streams_at(x, p, m, resident) ? " streaming" : "");
+          const bool streams = streams_at(x, p, m, resident);
+          return std::string(kPathNames[p]) + (!streams ? "" : p == 1 && x.streaming < 0 ? " streaming consumer" : " streaming");
         };
         json row = {{"op", op ? "finalize" : "call"}, {"m", m}, {"default_path", path(defaults[op])},
                     {"default_us", d}, {"tuned_path", path(c)}, {"tuned_us", u}};
