@@ -1255,15 +1255,29 @@ cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream,
   return launch_rows(owner_reduce_kernel<false>, p, p.tiling, rows, stream, pdl);
 }
 
-int owner_reduce_resident_ctas(int threads) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, owner_reduce_kernel<true>, threads, 0) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: a group a row then
+// CTAs of `fn` resident at once on one SM of the current device at `threads` threads and `smem`
+// bytes of dynamic shared memory, and that device's SMs; 0 where a query fails (its error
+// cleared: not sticky, the caller's fallback runs instead).
+static int resident_per_sm(const void* fn, int threads, size_t smem) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
     return 0;
   }
-  return per_sm * sms;
+  return per_sm;
+}
+static int device_sms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+int owner_reduce_resident_ctas(int threads) {  // 0: a group a row then
+  return resident_per_sm(reinterpret_cast<const void*>(owner_reduce_kernel<true>), threads, 0) * device_sms();
 }
 
 // Queried once per op, input and variant at construction (AllReduceMHC agrees on one value
@@ -1272,24 +1286,20 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
                                      int threads, int top_k) {
   const size_t smem = streaming_smem(hc, input, inputs, threads, top_k);
   if (smem > kMaxStreamingSmem) return 0;
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  const int sms = device_sms();
+  if (sms == 0) return 0;
   int least = -1;  // polling: the call's and finalize's kernels, the one grid for both
   for (const bool finalize : {false, true}) {
     if (finalize && input != ConsumerInput::kPoll) break;
     ConsumerFn fn = streaming_consumer_for(hc, input, variant, finalize);
-    int per_sm = 0;
     if (fn == nullptr ||
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kMaxStreamingSmem)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem) != cudaSuccess) {
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxStreamingSmem)) !=
+            cudaSuccess) {
       cudaGetLastError();  // not sticky: the CTA-per-row kernel runs instead
       return 0;
     }
+    const int per_sm = resident_per_sm(reinterpret_cast<const void*>(fn), threads, smem);
+    if (per_sm == 0) return 0;
     least = least < 0 ? per_sm : std::min(least, per_sm);
   }
   return least * sms;

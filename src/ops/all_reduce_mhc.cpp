@@ -227,15 +227,20 @@ struct AllReduceMHC::Impl {
     MHCCL_CUDA(cudaMalloc(&fallback_rows, cfg.max_num_tokens * cfg.hidden_size * 2));
   }
 
-  // The launch shape of a call of m rows, from rank-invariant inputs only: the consumer's input, the
-  // fields of its params that set its grid and roles (tiling, streaming grid, publisher and reducer
-  // CTAs, whether it publishes first), and which kernels run before it. run() launches from it;
-  // MHCCL_DEBUG=INFO describes it for every M. `direct`: TP=1 without the self-test mailboxes.
+  // The launch shape of a call of m rows, from rank-invariant inputs only (but for owner_groups):
+  // the consumer's input, the fields of its params that set its grid and roles (tiling, streaming
+  // grid, publisher and reducer CTAs, whether it publishes first), and which kernels run before
+  // it. run() launches from it; MHCCL_DEBUG=INFO describes it for every M. `direct`: TP=1 without
+  // the self-test mailboxes.
   struct Shape {
     ConsumerInput input = ConsumerInput::kPoll;
     ConsumerParams cp = {};
     bool publish_kernel = false;       // one-shot, two-shot: a publish kernel before the consumer
     bool owner_reduce_kernel = false;  // two-shot: and the owners' reduce between them
+    // The owners' reduce's grid cap (OwnerReduceParams::max_groups; 0: a CTA an owned row): its
+    // CTAs resident at once on this rank's device (owner_ctas, a per-rank query that pairs with
+    // nothing), where the consumer after it streams (the shape measured: PERFORMANCE.md, 2026-12-04).
+    int64_t owner_groups = 0;
   };
   Shape shape(int64_t m, bool finalize, ConsumerVariant variant, Protocol proto, bool direct) const {
     Shape s;
@@ -278,7 +283,8 @@ struct AllReduceMHC::Impl {
         cp.publisher_ctas = cp.reducer_ctas = 0;
         s.publish_kernel = s.owner_reduce_kernel = true;
         // The consumer after them streams (with no roles) automatically from
-        // kPollStreamingMinRows rows (consumer_streams), and its owners' CTAs then loop (run()).
+        // kPollStreamingMinRows rows (consumer_streams), and its owners' CTAs then loop.
+        if (kernels::consumer_streams(cp, ConsumerInput::kPoll)) s.owner_groups = owner_ctas;
       }
     } else {  // NCCL fallback: the consumer reads the all-reduced rows
       s.input = ConsumerInput::kDirect;
@@ -297,9 +303,8 @@ struct AllReduceMHC::Impl {
       t += ": ncclAllReduce, then the consumer";
     } else if (s.owner_reduce_kernel) {
       t += ": publish, owners' reduce, consumer";
-      const int64_t owned = (m + comm->tp - 1) / comm->tp;
-      if (kernels::consumer_streams(cp, s.input) && owner_ctas > 0 && owned > owner_ctas) {
-        t += " (the owners' reduce on " + std::to_string(owner_ctas) + " CTAs, each looping over rows)";
+      if (s.owner_groups > 0 && (m + comm->tp - 1) / comm->tp > s.owner_groups) {
+        t += " (the owners' reduce on " + std::to_string(s.owner_groups) + " CTAs, each looping over rows)";
       }
     } else if (s.publish_kernel) {
       t += ": publish, consumer";
@@ -438,9 +443,7 @@ struct AllReduceMHC::Impl {
       orp.m = m;
       orp.np = np;
       orp.tiling = cp.tiling;
-      // The owners loop on their resident CTAs only where the consumer after them streams (from
-      // kPollStreamingMinRows rows, automatic): the shape measured (PERFORMANCE.md, 2026-12-04).
-      orp.max_groups = kernels::consumer_streams(cp, s.input) ? owner_ctas : 0;
+      orp.max_groups = s.owner_groups;
       orp.state = &states[1];
       orp.err = cp.err;
       orp.id = cp.id;

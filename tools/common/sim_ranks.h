@@ -269,7 +269,7 @@ struct ConcurrentGroup {
   // records and fault words.
   ConcurrentGroup(std::shared_ptr<SimCommunicator> c, int64_t cap) : tp(c->tp), comm(std::move(c)), sinks(comm->sinks) {
     for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(cap, kH, kHc, tp));
-    const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
+    const RowTiling big = one_cta_a_row();
     for (const bool two_shot : {false, true}) {
       resident[two_shot] = streaming_consumer_resident_ctas(kHc, ConsumerInput::kPoll, ConsumerVariant::kPlain,
                                                             two_shot ? 1 : tp, big.threads);
@@ -281,6 +281,8 @@ struct ConcurrentGroup {
   }
   static constexpr int64_t kH = 5120;
   static constexpr int kHc = 4;
+  // A row on one CTA: the tiling the host streams with (large M).
+  static RowTiling one_cta_a_row() { return row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc); }
   int tp;
   std::shared_ptr<SimCommunicator> comm;
   std::vector<std::unique_ptr<RankSink>>& sinks;
@@ -326,8 +328,7 @@ struct ConcurrentGroup {
         // One CTA a row for all three kernels (the library's tiling from 1024 rows); two owner
         // CTAs a rank, each looping over its owned rows; the consumer's grid as the streaming
         // kinds', every CTA of it consuming.
-        const RowTiling big = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
-        pp.tiling = orp.tiling = cp.tiling = big;
+        pp.tiling = orp.tiling = cp.tiling = one_cta_a_row();
         orp.max_groups = 2;
         MHCCL_TEST_CUDA(launch_publish(pp, s, pdl()));
         MHCCL_TEST_CUDA(launch_owner_reduce(orp, s, pdl()));
@@ -341,7 +342,7 @@ struct ConcurrentGroup {
       }
       case Kind::kStreamOneShot:
       case Kind::kStreamTwoShot:
-        cp.tiling = row_tiling(static_cast<int>(kH / 8), kMaxSingleLaunchCtas + 1, kHc);
+        cp.tiling = one_cta_a_row();
         cp.streaming_min_rows = 1;
         cp.streaming_ctas = resident[two_shot] / (4 * tp);
         cp.publisher_ctas = std::max(2, cp.streaming_ctas / 4);
