@@ -367,8 +367,8 @@ Resolved resolve(const AllReduceMHCConfig& config, const Key& key, const EnvOver
                                   b.nccl_min_finalize_rows, kNever);
   c.streaming_min_rows = pick(c.streaming_min_rows, c.streaming_min_rows != -1, u.streaming_min_rows,
                               b.streaming_min_rows, -1);
-  r.publisher_ctas[0] = static_cast<int>(pick(0, false, u.publisher_ctas, b.publisher_ctas, 16));
-  r.publisher_ctas[1] = static_cast<int>(pick(0, false, u.finalize_publisher_ctas, b.finalize_publisher_ctas, 40));
+  r.publisher_ctas[0] = static_cast<int>(pick(0, false, u.publisher_ctas, b.publisher_ctas, 24));
+  r.publisher_ctas[1] = static_cast<int>(pick(0, false, u.finalize_publisher_ctas, b.finalize_publisher_ctas, 64));
   r.reducer_ctas = static_cast<int>(pick(0, false, u.reducer_ctas, b.reducer_ctas, 16));
   // Level 1: the benchmark sweeps' variables.
   if (env.ctas_per_row) r.ctas_per_row = static_cast<int>(*env.ctas_per_row);

@@ -111,8 +111,8 @@ TEST(TuningBuiltin, DefaultsEqualTheOldFunctionsForEveryTpHiddenAndVariant) {
           EXPECT_EQ(r.cfg.nccl_min_rows, kNever) << where;           // opt-in: never by default
           EXPECT_EQ(r.cfg.nccl_min_finalize_rows, kNever) << where;
           EXPECT_EQ(r.cfg.streaming_min_rows, -1) << where;          // automatic
-          EXPECT_EQ(r.publisher_ctas[0], 16) << where;               // kDefaultPublisherCtas
-          EXPECT_EQ(r.publisher_ctas[1], 40) << where;               // kDefaultFinalizePublisherCtas
+          EXPECT_EQ(r.publisher_ctas[0], 24) << where;               // the built-in publisher CTAs
+          EXPECT_EQ(r.publisher_ctas[1], 64) << where;               // ... of finalize
           EXPECT_EQ(r.reducer_ctas, 16) << where;                    // kDefaultReducerCtas
           EXPECT_EQ(r.ctas_per_row, 0) << where;
           EXPECT_FALSE(r.table_used);
@@ -390,7 +390,7 @@ TEST(TuningMatch, KeyHelpers) {
 TEST(TuningResolve, TableOverBuiltinExplicitConfigOverTable) {
   const tuning::Table t = tuning::parse_table(
       table_json({entry_json(2, R"({"two_shot_min_rows": 1024, "two_shot_min_finalize_rows": 3000, "nccl_min_rows": 4096, "streaming_min_rows": 256})",
-                             "plain", "2.28.3", R"("launch": {"publisher_ctas": 24, "reducer_ctas": 8}, )")}),
+                             "plain", "2.28.3", R"("launch": {"publisher_ctas": 32, "reducer_ctas": 8}, )")}),
       "t.json");
   const tuning::Resolved r = tuning::resolve(dsv41(), h200_key(2), {}, &t);
   EXPECT_TRUE(r.table_used);
@@ -399,8 +399,8 @@ TEST(TuningResolve, TableOverBuiltinExplicitConfigOverTable) {
   EXPECT_EQ(r.cfg.nccl_min_rows, 4096);
   EXPECT_EQ(r.cfg.nccl_min_finalize_rows, kNever);  // not in the entry: built-in
   EXPECT_EQ(r.cfg.streaming_min_rows, 256);
-  EXPECT_EQ(r.publisher_ctas[0], 24);
-  EXPECT_EQ(r.publisher_ctas[1], 40);  // not in the entry: built-in
+  EXPECT_EQ(r.publisher_ctas[0], 32);
+  EXPECT_EQ(r.publisher_ctas[1], 64);  // not in the entry: built-in
   EXPECT_EQ(r.reducer_ctas, 8);
   EXPECT_NE(r.source.find("tuning table t.json entries[0] (measured) for gpu \"NVIDIA H200\""), std::string::npos) << r.source;
 
@@ -416,7 +416,7 @@ TEST(TuningResolve, TableOverBuiltinExplicitConfigOverTable) {
   EXPECT_EQ(e.cfg.nccl_min_rows, 300);
   EXPECT_EQ(e.cfg.nccl_min_finalize_rows, 400);
   EXPECT_EQ(e.cfg.streaming_min_rows, 0);
-  EXPECT_EQ(e.publisher_ctas[0], 24);  // the table still sets what the config cannot
+  EXPECT_EQ(e.publisher_ctas[0], 32);  // the table still sets what the config cannot
 
   tuning::EnvOverrides env;
   env.streaming_min_rows = 2;
