@@ -60,17 +60,6 @@ int owner_reduce_resident_ctas(int threads);
 // Whether launch_consumer runs the streaming consumer for these params (a function of the
 // params only, so the host knows whether a one-shot needs its publish kernel).
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);
-// The publishing CTAs of a streaming Lamport call (ConsumerParams::publisher_ctas): `wanted` (the
-// op's resolved launch shape) but at most half of the grid (`streaming_ctas`, its CTAs resident
-// at once), so that at least as many CTAs consume as publish. The built-in shapes (24 for a
-// call, 64 for finalize) were measured on a 132-SM H200, where 64 of its 132-CTA grid publishing
-// was the fastest finalize (PERFORMANCE.md, 2026-12-04, evening); on a smaller GPU the same
-// count would leave few consumers. At least 1 (a grid of 0 or 1 never streams: consumer_streams).
-// Rank-invariant: streaming_ctas is agreed across ranks.
-constexpr int streaming_publishers(int wanted, int streaming_ctas) {
-  const int half = streaming_ctas / 2 > 1 ? streaming_ctas / 2 : 1;
-  return wanted < half ? wanted : half;
-}
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
 // Loads every kernel an op can launch (cudaFuncGetAttributes: with CUDA's lazy loading a kernel

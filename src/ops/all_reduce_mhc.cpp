@@ -259,7 +259,7 @@ struct AllReduceMHC::Impl {
       if (finalize) cp.streaming_ctas = streaming_ctas[3][vi];
     } else if (proto == Protocol::kOneShot) {
       cp.streaming_ctas = streaming_ctas[1][vi];
-      cp.publisher_ctas = kernels::streaming_publishers(publisher_ctas[finalize ? 1 : 0], cp.streaming_ctas);
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
       // Single launch only where its grid is co-resident by construction: at most 96 CTAs, and
       // rows that fit one CTA (small-M clusters of up to 5 CTAs of at most 128 threads).
       const int64_t ctas = m * cp.tiling.ctas_per_row;
@@ -277,7 +277,7 @@ struct AllReduceMHC::Impl {
       cp.streaming_ctas = streaming_ctas[2][vi];
       // Streaming: one launch whose first CTAs to arrive publish, the next reduce the owned rows, the
       // rest consume. Otherwise three kernels: publish, owners' reduce, consumer.
-      cp.publisher_ctas = kernels::streaming_publishers(publisher_ctas[finalize ? 1 : 0], cp.streaming_ctas);
+      cp.publisher_ctas = publisher_ctas[finalize ? 1 : 0];
       cp.reducer_ctas = reducer_ctas;
       if (!kernels::consumer_streams(cp, ConsumerInput::kPoll)) {
         cp.publisher_ctas = cp.reducer_ctas = 0;

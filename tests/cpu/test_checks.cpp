@@ -984,32 +984,5 @@ TEST(LaunchChoice, StreamingConsumerRules) {
   EXPECT_FALSE(streams(100000, ConsumerInput::kDirect));
 }
 
-// The publishing CTAs of a streaming Lamport call (kernels::streaming_publishers): the op's
-// launch shape, at most half the grid, at least 1; the grid keeps consumers, so it streams.
-TEST(LaunchChoice, StreamingPublishersLeaveHalfTheGridConsuming) {
-  using kernels::streaming_publishers;
-  EXPECT_EQ(streaming_publishers(64, 132), 64);  // H200 (132 SMs, a CTA an SM): the built-in shapes as measured
-  EXPECT_EQ(streaming_publishers(24, 132), 24);
-  EXPECT_EQ(streaming_publishers(64, 78), 39);   // a 78-SM GPU: half the grid publishes, not 64 of 78
-  EXPECT_EQ(streaming_publishers(24, 78), 24);
-  EXPECT_EQ(streaming_publishers(7, 200), 7);
-  EXPECT_EQ(streaming_publishers(64, 3), 1);
-  EXPECT_EQ(streaming_publishers(64, 1), 1);
-  EXPECT_EQ(streaming_publishers(64, 0), 1);
-  kernels::ConsumerParams p = {};
-  p.tiling = kernels::RowTiling{1, 640, 640};
-  p.streaming_min_rows = -1;
-  p.m = 4096;
-  for (const int grid : {4, 33, 78, 132, 264}) {
-    p.streaming_ctas = grid;
-    p.publisher_ctas = streaming_publishers(64, grid);
-    EXPECT_LE(p.publisher_ctas, grid - p.publisher_ctas) << grid;
-    EXPECT_TRUE(kernels::consumer_streams(p, kernels::ConsumerInput::kPoll)) << grid;  // one-shot from 1024 rows
-  }
-  p.streaming_ctas = 1;
-  p.publisher_ctas = streaming_publishers(64, 1);
-  EXPECT_FALSE(kernels::consumer_streams(p, kernels::ConsumerInput::kPoll));  // no CTA left to consume
-}
-
 }  // namespace
 }  // namespace mhccl
