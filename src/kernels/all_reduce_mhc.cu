@@ -1248,11 +1248,10 @@ cudaError_t launch_publish(const PublishParams& p, cudaStream_t stream, bool pdl
 }
 
 cudaError_t launch_owner_reduce(const OwnerReduceParams& p, cudaStream_t stream, bool pdl) {
-  const int64_t rows = (p.m + p.tp - 1) / p.tp;
-  if (p.max_groups > 0 && rows > p.max_groups) {
+  if (owner_reduce_loops(p.m, p.tp, p.max_groups)) {
     return launch_rows(owner_reduce_kernel<true>, p, p.tiling, p.max_groups, stream, pdl);
   }
-  return launch_rows(owner_reduce_kernel<false>, p, p.tiling, rows, stream, pdl);
+  return launch_rows(owner_reduce_kernel<false>, p, p.tiling, (p.m + p.tp - 1) / p.tp, stream, pdl);
 }
 
 // CTAs of `fn` resident at once on one SM of the current device at `threads` threads and `smem`

@@ -57,6 +57,11 @@ int streaming_consumer_resident_ctas(int hc, ConsumerInput input, ConsumerVarian
 // CTAs of the two-shot owners' reduce (OwnerReduceParams::max_groups at a CTA a row) resident
 // at once on the current device at `threads` threads a CTA; 0 where the query fails.
 int owner_reduce_resident_ctas(int threads);
+// Whether launch_owner_reduce runs the looping owners: max_groups (0: none) caps the grid below
+// the ceil(M / tp) owned-row groups.
+constexpr bool owner_reduce_loops(int64_t m, int tp, int64_t max_groups) {
+  return max_groups > 0 && (m + tp - 1) / tp > max_groups;
+}
 // Whether launch_consumer runs the streaming consumer for these params (a function of the
 // params only, so the host knows whether a one-shot needs its publish kernel).
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);

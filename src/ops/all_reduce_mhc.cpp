@@ -303,7 +303,7 @@ struct AllReduceMHC::Impl {
       t += ": ncclAllReduce, then the consumer";
     } else if (s.owner_reduce_kernel) {
       t += ": publish, owners' reduce, consumer";
-      if (s.owner_groups > 0 && (m + comm->tp - 1) / comm->tp > s.owner_groups) {
+      if (kernels::owner_reduce_loops(m, comm->tp, s.owner_groups)) {
         t += " (the owners' reduce on " + std::to_string(s.owner_groups) + " CTAs, each looping over rows)";
       }
     } else if (s.publish_kernel) {
