@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/params.h"  // kPollStreamingMinRows
+
 namespace mhccl::tune {
 
 struct Options {
@@ -44,9 +46,8 @@ struct PathTimes {
   double two_shot_auto = -1;
 };
 
-// From this many rows the automatic choice streams the one-shot and the two-shot's consumer
-// (kernels::kPollStreamingMinRows).
-inline constexpr int64_t kAutoStreamRows = 1024;
+// From this many rows the automatic choice streams the one-shot and the two-shot's consumer.
+inline constexpr int64_t kAutoStreamRows = kernels::kPollStreamingMinRows;
 
 // A choice of the thresholds of one op kind (call or finalize) and the streaming threshold.
 struct Choice {
