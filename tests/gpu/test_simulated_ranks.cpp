@@ -455,7 +455,6 @@ TEST_P(ConcurrentRanks, MixedCallsWithoutHostSync) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   ConcurrentGroup g(tp, 128, 10'000'000'000ull);  // 10 s
-  g.capped_owners = true;  // even ranks: one looping owner group
   std::vector<PlannedCall> calls = plan_calls(tp, 60, 31000 + tp, 200'000);
   for (size_t c = 0; c < calls.size(); ++c) {
     for (int r = 0; r < tp; ++r) {
@@ -481,7 +480,6 @@ TEST_P(ConcurrentRanks, GraphReplayOfMixedCalls) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   ConcurrentGroup g(tp, 128, 10'000'000'000ull);
-  g.capped_owners = true;  // even ranks: one looping owner group
   std::vector<PlannedCall> calls = plan_calls(tp, 12, 32000 + tp, 100'000);
   std::vector<cudaGraphExec_t> execs(tp);
   for (int r = 0; r < tp; ++r) {
@@ -528,7 +526,6 @@ TEST_P(ConcurrentRanks, TimeoutStopsEveryRankBeforeAWrongValue) {
                           Kind::kOwnersStreamTwoShot}) {
     for (const bool graph : {false, true}) {
       ConcurrentGroup g(tp, 128, kBudgetNs);
-      g.capped_owners = true;  // even ranks: one looping owner group
       std::mt19937_64 rng(33000 + tp * 10 + static_cast<int>(kind));
       std::vector<PlannedCall> calls;
       for (int c = 0; c < kCalls; ++c) {
@@ -619,7 +616,6 @@ struct RankPlan {
 void run_divergence(int tp, Kind kind, Divergence d, bool graph, int calls, int at) {
   constexpr uint64_t kBudgetNs = 10'000'000'000ull;  // 10 s: an expiry here is a failure to see the divergence
   ConcurrentGroup g(tp, 128, kBudgetNs);
-  g.capped_owners = true;  // even ranks: one looping owner group
   const int odd = tp - 1;
   std::mt19937_64 rng(41000 + tp * 100 + static_cast<int>(kind) * 10 + static_cast<int>(d));
   std::vector<RankPlan> plans(tp);
@@ -746,7 +742,6 @@ void run_rejected_between_capture_and_replay(int tp, Kind kind, bool every) {
   constexpr uint64_t kBudgetNs = 10'000'000'000ull;  // 10 s: an expiry here is a failure to see the divergence
   constexpr int kGraphCalls = 3;
   ConcurrentGroup g(tp, 128, kBudgetNs);
-  g.capped_owners = true;  // even ranks: one looping owner group
   const int odd = tp - 1;
   std::mt19937_64 rng(47000 + tp * 100 + static_cast<int>(kind) * 10 + every);
   const int64_t m = rows_for(kind, rng());
@@ -977,9 +972,7 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
     const Kind kind_b = kind_two_shot(kind) ? Kind::kPhasedOneShot : Kind::kTwoShot;
     for (const bool graph : {false, true}) {
       ConcurrentGroup a(tp, 128, kBudgetNs);
-      a.capped_owners = true;  // even ranks: one looping owner group
       ConcurrentGroup b(a.comm, 128);
-      b.capped_owners = true;  // even ranks: one looping owner group
       SimAllGather ag(a.comm, kGatherBytes);
       std::mt19937_64 rng(44000 + tp * 10 + static_cast<int>(kind));
       struct Planned {

@@ -114,6 +114,7 @@ int time_simulated_ranks(const Options& o, std::vector<json>& rows) {
   for (const int tp : {2, 4}) {
     for (const Case& cs : cases) {
       ConcurrentGroup g(tp, 128, 10'000'000'000ull);  // a fresh group a case: its states at generation 0
+      g.capped_owners = false;  // the owners' grid as the library launches it at these M
       std::vector<std::string> errors;
       const double us = time_case(g, cs, o.calls_per_graph, o.repeats, errors) * 1e6;
       for (const std::string& e : errors) std::printf("    FAILED: %s\n", e.c_str());
