@@ -43,6 +43,15 @@ if [[ " $stages " == *" tests "* ]]; then
   echo "gpu tests rc=$?"
   grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
   grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
+  # The concurrent harness with no earlier test in its process (FRESH=0 skips it): with CUDA's
+  # lazy loading its first scenarios once depended on kernels an earlier test had loaded
+  # (DEVICE-RUNS.md, 2026-12-04, night).
+  if [[ ${FRESH:-1} == 1 ]]; then
+    stamp "gpu tests: the divergence suite at TP=2 alone in a fresh process"
+    timeout 120 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 \
+      --gtest_filter='Tp/ConcurrentRanks.DivergentCallsGetAnErrorNeverAWrongValue/tp2' > "$OUT/gpu-fresh.log" 2>&1
+    echo "gpu tests (fresh process) rc=$?"; grep -E "Failure|tp=2|FAILED|PASSED" "$OUT/gpu-fresh.log" | head -10
+  fi
   # mhccl-bench's own checks (the FP8 baseline kernel among them): the A/B stages time with
   # --no-check, and a check the bench alone makes went unrun from 5a2bbe7 to 412366f (DEVICE-RUNS, 2026-12-01).
   stamp "mhccl-bench --check-only"

@@ -66,6 +66,9 @@ class DeviceBuffer {
 
 // Busy-waits on the GPU for `ns` nanoseconds (bounded by construction): delays a rank.
 cudaError_t launch_gpu_delay(uint64_t ns, cudaStream_t stream);
+// Loads the delay kernel now (CUDA's lazy loading would load it at its first launch, and a load
+// while a kernel spins waits for that kernel: see SimCommunicator).
+cudaError_t preload_gpu_delay();
 
 // The result of an NCCL call on an mhccl communicator's NCCL communicator (Communicator::nccl(),
 // non-blocking): ncclInProgress polled until the operation settles (at most 60 s).

@@ -13,4 +13,9 @@ cudaError_t launch_gpu_delay(uint64_t ns, cudaStream_t stream) {
   gpu_delay_kernel<<<1, 1, 0, stream>>>(ns);
   return cudaGetLastError();
 }
+
+cudaError_t preload_gpu_delay() {
+  cudaFuncAttributes attr;
+  return cudaFuncGetAttributes(&attr, gpu_delay_kernel);
+}
 }  // namespace mhccl::testing

@@ -252,7 +252,17 @@ inline bool kind_two_shot(Kind k) {
 // communicator (ConcurrentGroup's `comm`) share them, as the library's ops share their
 // communicator's records and fault window.
 struct SimCommunicator {
+  // Every kernel a simulated rank may launch is loaded here, as the ops load theirs at
+  // construction. By default CUDA loads a kernel at its first launch (lazy loading, the default
+  // on Linux since CUDA 12.2), and such a load may wait for the kernels already running (the CUDA
+  // Programming Guide, "Lazy Loading", its hazards). One host thread enqueues every rank's calls:
+  // a first launch then blocked that thread behind a kernel polling for a call it had yet to
+  // enqueue, until the wait's budget expired (one H200, 2026-12-04, 2629af9: the first
+  // divergence scenario of each kind in a fresh process timed out after 10 s, the first use of
+  // the rejected-call count among them; in a full run earlier tests had loaded every kernel).
   SimCommunicator(int tp_, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
+    MHCCL_TEST_CUDA(kernels::preload_all_gather_kernels());  // the all-gather, fill and count kernels
+    MHCCL_TEST_CUDA(mhccl::testing::preload_gpu_delay());
     for (int r = 0; r < tp; ++r) sinks.push_back(std::make_unique<RankSink>(timeout_ns, r, tp, table.as<uint32_t*>()));
     std::vector<uint32_t*> words;
     for (auto& k : sinks) words.push_back(k->sink.fault);
@@ -268,6 +278,7 @@ struct ConcurrentGroup {
   // A second op on the same simulated communicator: its own mailboxes and states, the same
   // records and fault words.
   ConcurrentGroup(std::shared_ptr<SimCommunicator> c, int64_t cap) : tp(c->tp), comm(std::move(c)), sinks(comm->sinks) {
+    MHCCL_TEST_CUDA(kernels::preload_all_reduce_mhc_kernels(kHc));  // see SimCommunicator
     for (int r = 0; r < tp; ++r) ranks.push_back(std::make_unique<SimRank>(cap, kH, kHc, tp));
     const RowTiling big = one_cta_a_row();
     for (const bool two_shot : {false, true}) {
