@@ -38,20 +38,20 @@ if [[ " $stages " == *" tests "* ]]; then
   stamp "cpu tests"
   # GTEST_FILTER selects GPU tests only (gtest reads the variable too: unset for the CPU suite).
   env -u GTEST_FILTER "$B/tests/mhccl_cpu_tests" --gtest_brief=1 > "$OUT/cpu.log" 2>&1; echo "cpu tests rc=$?"; tail -2 "$OUT/cpu.log"
-  stamp "gpu tests (TP=1 and TP=2 as $N ranks)"
-  timeout 500 "$B/tools/mhccl-launch" -n $N --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
-  echo "gpu tests rc=$?"
-  grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
-  grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
-  # The concurrent harness with no earlier test in its process (FRESH=0 skips it): with CUDA's
-  # lazy loading its first scenarios once depended on kernels an earlier test had loaded
-  # (DEVICE-RUNS.md, 2026-12-04, night).
+  # First, the concurrent harness with no earlier test in its process (FRESH=0 skips it; it
+  # ignores GTEST_FILTER): with CUDA's lazy loading its first scenarios once depended on kernels
+  # an earlier test had loaded (DEVICE-RUNS.md, 2026-12-04, night).
   if [[ ${FRESH:-1} == 1 ]]; then
     stamp "gpu tests: the divergence suite at TP=2 alone in a fresh process"
     timeout 120 "$B/tests/gpu/mhccl_gpu_tests" --gtest_brief=1 \
       --gtest_filter='Tp/ConcurrentRanks.DivergentCallsGetAnErrorNeverAWrongValue/tp2' > "$OUT/gpu-fresh.log" 2>&1
     echo "gpu tests (fresh process) rc=$?"; grep -E "Failure|tp=2|FAILED|PASSED" "$OUT/gpu-fresh.log" | head -10
   fi
+  stamp "gpu tests (TP=1 and TP=2 as $N ranks)"
+  timeout 500 "$B/tools/mhccl-launch" -n $N --timeout 480 -- "$B/tests/gpu/mhccl_gpu_tests" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu.log" 2>&1
+  echo "gpu tests rc=$?"
+  grep -E "^\[rank [01]\] (\[  (FAILED|PASSED) |.*Failure|.*error|.*Expected|.*Which is|.*differs|.* ranks differ|.*tests ran|stress TP|.*kinds of bad)" "$OUT/gpu.log" | head -60
+  grep -E "^\[rank 0\] \[       OK \] .* \([0-9]{5,} ms\)" "$OUT/gpu.log" | head -12  # the slow ones
   # mhccl-bench's own checks (the FP8 baseline kernel among them): the A/B stages time with
   # --no-check, and a check the bench alone makes went unrun from 5a2bbe7 to 412366f (DEVICE-RUNS, 2026-12-01).
   stamp "mhccl-bench --check-only"

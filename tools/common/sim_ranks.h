@@ -257,9 +257,11 @@ struct SimCommunicator {
   // on Linux since CUDA 12.2), and such a load may wait for the kernels already running (the CUDA
   // Programming Guide, "Lazy Loading", its hazards). One host thread enqueues every rank's calls:
   // a first launch then blocked that thread behind a kernel polling for a call it had yet to
-  // enqueue, until the wait's budget expired (one H200, 2026-12-04, 2629af9: the first
-  // divergence scenario of each kind in a fresh process timed out after 10 s, the first use of
-  // the rejected-call count among them; in a full run earlier tests had loaded every kernel).
+  // enqueue, until the wait's budget expired (one H200, 2026-12-04, 2629af9: in a fresh process
+  // the divergence suite's first scenario of each CTA-a-row kind timed out after 10 s, one kind a
+  // repeat, at a variant's consumer, the finalize publish kernel and the owners' kernel; the
+  // occupancy queries below had touched the streaming kernels, and in a full run earlier tests
+  // had loaded every kernel).
   SimCommunicator(int tp_, uint64_t timeout_ns) : tp(tp_), table(tp_ * sizeof(void*)) {
     MHCCL_TEST_CUDA(kernels::preload_all_gather_kernels());  // the all-gather, fill and count kernels
     MHCCL_TEST_CUDA(mhccl::testing::preload_gpu_delay());
