@@ -136,12 +136,19 @@ if [[ " $stages " == *" sanitize "* ]]; then
   done
 fi
 if [[ " $stages " == *" profile "* ]]; then
-  # PROFILE_FILTER: the test whose consumer launches are profiled; PROFILE_COUNT of them.
-  stamp "ncu: the TP=1 consumer (${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1})"
-  timeout 240 ncu --clock-control none -k regex:mhc_consumer_kernel --launch-count ${PROFILE_COUNT:-2} \
+  # PROFILE_KERNEL (a regex, default mhc_consumer_kernel): the kernel whose first PROFILE_COUNT
+  # launches are profiled, in the test PROFILE_FILTER, or in mhccl-bench with PROFILE_BENCH_ARGS
+  # where that is set (e.g. PROFILE_KERNEL=owner_reduce_kernel PROFILE_BENCH_ARGS="--tp 1 --ops
+  # twoshot --no-check --quick": the two-shot's owners at the bench's first M). ncu runs kernels
+  # one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
+  pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
+  target=("$B/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}")
+  [[ -n ${PROFILE_BENCH_ARGS:-} ]] && target=("$B/tools/bench/mhccl-bench" $PROFILE_BENCH_ARGS)
+  stamp "ncu: $pk in ${target[*]:1}"
+  timeout 240 ncu --clock-control none -k "regex:$pk" --launch-count ${PROFILE_COUNT:-2} \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section InstructionStats \
-    "$B/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}" > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "mhc_consumer_kernel|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size" "$OUT/ncu.txt" | head -80
+    "${target[@]}" > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"; grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size" "$OUT/ncu.txt" | head -80
 fi
 if [[ " $stages " == *" bench "* ]]; then
   stamp "mhccl-bench ${BENCH_ARGS:-}"
