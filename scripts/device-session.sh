@@ -23,6 +23,21 @@ B=${BUILD_DIR:-build-dev}
 N=${NRANKS:-2}  # ranks of the GPU tests (1 on a one-GPU machine: the TP=2 cases skip)
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+# Older trees (each e.g. `git archive <commit> | tar -x -C .ab-<commit>`), their mhccl-bench
+# built into <tree>/build-old, all at once (once a call: a tree built already is kept).
+build_trees() {
+  stamp "build trees: $*"
+  local gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
+  for t in "$@"; do
+    [[ -x $t/build-old/tools/bench/mhccl-bench ]] && continue
+    (cmake -S "$t" -B "$t/build-old" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCCL_EXTRA_INCLUDE_DIR="$(pwd)/.deps/include" &&
+       cmake --build "$t/build-old" -j 16 --target mhccl-bench) > "$OUT/build-${t//[\/.]/}.log" 2>&1 &
+  done
+  wait
+  for t in "$@"; do
+    [[ -x $t/build-old/tools/bench/mhccl-bench ]] || { echo "$t did not build"; grep -E "error" "$OUT/build-${t//[\/.]/}.log" | head -20; exit 1; }
+  done
+}
 
 if [[ " $stages " == *" build "* ]]; then
   { nvidia-smi -L; nvidia-smi topo -m; nvcc --version | tail -1; ls -la /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2>&1;
@@ -136,19 +151,32 @@ if [[ " $stages " == *" sanitize "* ]]; then
   done
 fi
 if [[ " $stages " == *" profile "* ]]; then
-  # PROFILE_KERNEL (a regex, default mhc_consumer_kernel): the kernel whose first PROFILE_COUNT
-  # launches are profiled, in the test PROFILE_FILTER, or in mhccl-bench with PROFILE_BENCH_ARGS
-  # where that is set (e.g. PROFILE_KERNEL=owner_reduce_kernel PROFILE_BENCH_ARGS="--tp 1 --ops
-  # twoshot --no-check --quick": the two-shot's owners at the bench's first M). ncu runs kernels
-  # one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
+  # PROFILE_KERNEL (a regex, default mhc_consumer_kernel): the kernel whose launches are
+  # profiled (PROFILE_SKIP of them skipped first, then PROFILE_COUNT), in the test PROFILE_FILTER,
+  # or in mhccl-bench with PROFILE_BENCH_ARGS where that is set (e.g. PROFILE_KERNEL=owner_reduce_kernel
+  # PROFILE_BENCH_ARGS="--tp 1 --ops twoshot --no-check --quick": the two-shot's owners at the
+  # bench's first M). PROFILE_TREES: older trees (as AB_TREES; built as the abtree stage builds
+  # them) whose mhccl-bench is profiled the same way after this build's. PROFILE_SECTIONS: ncu's
+  # sections (default: speed of light, warp states, launch, instructions, scheduler, memory).
+  # ncu runs kernels one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
   pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
-  target=("$B/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}")
-  [[ -n ${PROFILE_BENCH_ARGS:-} ]] && target=("$B/tools/bench/mhccl-bench" $PROFILE_BENCH_ARGS)
-  stamp "ncu: $pk in ${target[*]:1}"
-  timeout 240 ncu --clock-control none -k "regex:$pk" --launch-count ${PROFILE_COUNT:-2} \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats --section InstructionStats \
-    "${target[@]}" > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size" "$OUT/ncu.txt" | head -80
+  sections=()
+  for sec in ${PROFILE_SECTIONS:-SpeedOfLight WarpStateStats LaunchStats InstructionStats SchedulerStats MemoryWorkloadAnalysis}; do
+    sections+=(--section "$sec")
+  done
+  ptrees=(${PROFILE_TREES:-})
+  [[ ${#ptrees[@]} -gt 0 ]] && build_trees "${ptrees[@]}"
+  for which in new "${ptrees[@]}"; do
+    tag=${which//[\/.]/}; bdir=$B; [[ $which != new ]] && bdir=$which/build-old
+    target=("$bdir/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}")
+    [[ -n ${PROFILE_BENCH_ARGS:-} ]] && target=("$bdir/tools/bench/mhccl-bench" $PROFILE_BENCH_ARGS)
+    stamp "ncu ($which): $pk in ${target[*]:1}"
+    timeout ${PROFILE_TIMEOUT:-240} ncu --clock-control none -k "regex:$pk" --launch-skip ${PROFILE_SKIP:-0} \
+      --launch-count ${PROFILE_COUNT:-2} "${sections[@]}" "${target[@]}" > "$OUT/ncu-$tag.txt" 2>&1
+    echo "ncu ($which) rc=$?"
+    grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per" \
+      "$OUT/ncu-$tag.txt" | head -${PROFILE_LINES:-80}
+  done
 fi
 if [[ " $stages " == *" bench "* ]]; then
   stamp "mhccl-bench ${BENCH_ARGS:-}"
@@ -178,16 +206,7 @@ if [[ " $stages " == *" abtree "* ]]; then
   # from git and copied to the GPU machine with the tree), each built (mhccl-bench only, all at once) into its
   # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
   trees=(${AB_TREES:-.ab-old})
-  stamp "abtree: build ${trees[*]}"
-  gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
-  for t in "${trees[@]}"; do
-    (cmake -S "$t" -B "$t/build-old" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCCL_EXTRA_INCLUDE_DIR="$(pwd)/.deps/include" &&
-       cmake --build "$t/build-old" -j 16 --target mhccl-bench) > "$OUT/build-${t//[\/.]/}.log" 2>&1 &
-  done
-  wait
-  for t in "${trees[@]}"; do
-    [[ -x $t/build-old/tools/bench/mhccl-bench ]] || { echo "abtree: $t did not build"; grep -E "error" "$OUT/build-${t//[\/.]/}.log" | head -20; exit 1; }
-  done
+  build_trees "${trees[@]}"
   for i in $(seq ${AB_ROUNDS:-2}); do
     for which in new "${trees[@]}"; do
       bin="$B/tools/bench/mhccl-bench"; [[ $which != new ]] && bin="$which/build-old/tools/bench/mhccl-bench"
