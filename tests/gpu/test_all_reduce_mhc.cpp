@@ -503,6 +503,78 @@ TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   comm().check_errors();
 }
 
+// The direct streaming consumer (TP=1's call and finalize; at TP > 1 the NCCL path's consumer)
+// and the CTA-a-row kernel, alternating: calls of alternating M (below, at and beyond the
+// streaming grid, whose rows then divide unevenly over its CTAs), call and finalize, every
+// variant, back to back without a host sync (each kernel launched while the one before still
+// runs, PDL), eagerly and as a graph replayed, each call's outputs poisoned before and checked
+// against the reference after: a row left unwritten, or written from another call's inputs.
+TEST_P(AllReduceMHCTest, StreamingCallsBackToBackAndReplayed) {
+  MHCCL_REQUIRE_TP(tp());
+  constexpr int64_t kCap = 600;
+  AllReduceMHCConfig cfg = config(5120, 4, kCap, kCap + 1);
+  cfg.two_shot_min_finalize_rows = kCap + 1;
+  AllReduceMHC op(comm(), cfg);
+  const Protocol proto = tp() == 1 ? Protocol::kAuto : Protocol::kNccl;
+  struct Slot { int64_t m; bool fin; };
+  const Slot slots[] = {{kCap, false}, {2, true}, {133, false}, {kCap, true}, {300, false}, {131, true}};
+  constexpr int kSlots = sizeof(slots) / sizeof(slots[0]);
+  std::vector<std::unique_ptr<CallBuffers>> bufs;
+  std::vector<Problem> probs(kSlots);
+  std::vector<Variant> vs(kSlots);
+  const std::vector<Variant> all = variants();
+  for (int i = 0; i < kSlots; ++i) bufs.push_back(std::make_unique<CallBuffers>(slots[i].m, 5120, 4, 6));
+  auto fresh = [&](uint64_t seed) {
+    for (int i = 0; i < kSlots; ++i) {
+      vs[i] = all[(seed + i) % all.size()];
+      probs[i] = testing::make_problem(seed * kSlots + i, slots[i].m, 5120, 4, tp(), slots[i].fin);
+      upload(probs[i], rank(), *bufs[i]);  // outputs poisoned
+    }
+  };
+  int bad = 0;
+  auto verify = [&](const char* how, int rep) {
+    uint64_t h = 0;
+    for (int i = 0; i < kSlots; ++i) {
+      const Outputs got = download(probs[i], vs[i], *bufs[i]);
+      h = testing::fnv1a(&h, 8, got.hash());
+      const std::string err = check(probs[i], vs[i], got);
+      if (!err.empty() && bad++ < 3) {
+        ADD_FAILURE() << how << " " << rep << ", call " << i << " (M=" << slots[i].m
+                      << (slots[i].fin ? " finalize " : " call ") << variant_name(vs[i]) << "): " << err;
+      }
+    }
+    EXPECT_TRUE(env().same_on_all_ranks(h, tp())) << how << " " << rep;
+  };
+  for (int rep = 0; rep < 8; ++rep) {  // eager, the calls back to back
+    fresh(81000 + rep);
+    env().barrier();
+    for (int i = 0; i < kSlots; ++i) launch(op, probs[i], vs[i], proto, *bufs[i], env().device, env().stream);
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    verify("eager run", rep);
+  }
+  fresh(82000);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MHCCL_TEST_CUDA(cudaStreamBeginCapture(env().stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kSlots; ++i) launch(op, probs[i], vs[i], proto, *bufs[i], env().device, env().stream);
+  MHCCL_TEST_CUDA(cudaStreamEndCapture(env().stream, &graph));
+  MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 8; ++rep) {  // the variants stay as captured; the data is fresh
+    for (int i = 0; i < kSlots; ++i) {
+      probs[i] = testing::make_problem(83000 + rep * kSlots + i, slots[i].m, 5120, 4, tp(), slots[i].fin);
+      upload(probs[i], rank(), *bufs[i]);
+    }
+    env().barrier();
+    MHCCL_TEST_CUDA(cudaGraphLaunch(exec, env().stream));
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    verify("graph replay", rep);
+  }
+  EXPECT_EQ(bad, 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  comm().check_errors();
+}
+
 // The opt-in NCCL threshold: the automatic choice takes the NCCL path from nccl_min_rows (the
 // same bits as one-shot at TP=2), and its buffer exists from construction, so the first call of
 // the op may be under CUDA-graph capture.
