@@ -157,13 +157,15 @@ if [[ " $stages " == *" profile "* ]]; then
   # PROFILE_BENCH_ARGS="--tp 1 --ops twoshot --no-check --quick": the two-shot's owners at the
   # bench's first M). PROFILE_TREES: older trees (as AB_TREES; built as the abtree stage builds
   # them) whose mhccl-bench is profiled the same way after this build's. PROFILE_SECTIONS: ncu's
-  # sections (default: speed of light, warp states, launch, instructions, scheduler, memory).
+  # sections (default: speed of light, warp states, launch, instructions, scheduler, memory);
+  # PROFILE_METRICS: metrics besides them (a comma list).
   # ncu runs kernels one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
   pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
   sections=()
   for sec in ${PROFILE_SECTIONS:-SpeedOfLight WarpStateStats LaunchStats InstructionStats SchedulerStats MemoryWorkloadAnalysis}; do
     sections+=(--section "$sec")
   done
+  [[ -n ${PROFILE_METRICS:-} ]] && sections+=(--metrics "$PROFILE_METRICS")  # e.g. sm__cycles_active.min,sm__cycles_active.max
   ptrees=(${PROFILE_TREES:-})
   [[ ${#ptrees[@]} -gt 0 ]] && build_trees "${ptrees[@]}"
   for which in new "${ptrees[@]}"; do
@@ -174,7 +176,7 @@ if [[ " $stages " == *" profile "* ]]; then
     timeout ${PROFILE_TIMEOUT:-240} ncu --clock-control none -k "regex:$pk" --launch-skip ${PROFILE_SKIP:-0} \
       --launch-count ${PROFILE_COUNT:-2} "${sections[@]}" "${target[@]}" > "$OUT/ncu-$tag.txt" 2>&1
     echo "ncu ($which) rc=$?"
-    grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per" \
+    grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per${PROFILE_METRICS:+|${PROFILE_METRICS//,/|}}" \
       "$OUT/ncu-$tag.txt" | head -${PROFILE_LINES:-80}
   done
 fi
