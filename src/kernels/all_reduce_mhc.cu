@@ -1353,7 +1353,7 @@ cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input
   if (consumer_streams(p, input)) {
     const int threads = p.tiling.threads;
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;
-    const int64_t grid = streaming_grid(p.m, p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
+    const int64_t grid = std::min<int64_t>(p.m + p.publisher_ctas + p.reducer_ctas, p.streaming_ctas);
     return launch_ex(streaming_consumer_for(hc, input, variant, p.x == nullptr), p, dim3(static_cast<unsigned>(grid)),
                      dim3(static_cast<unsigned>(threads)), streaming_smem(hc, input, inputs, threads, p.fin.top_k), stream, pdl);
   }

@@ -65,16 +65,6 @@ constexpr bool owner_reduce_loops(int64_t m, int tp, int64_t max_groups) {
 // Whether launch_consumer runs the streaming consumer for these params (a function of the
 // params only, so the host knows whether a one-shot needs its publish kernel).
 bool consumer_streams(const ConsumerParams& p, ConsumerInput input);
-// The streaming consumer's grid: its role CTAs, then consuming CTAs of the resident ones left,
-// as few as deal the M rows as evenly as that many: ceil(M / ceil(M / C)) for C = min(M,
-// resident - roles), so that every consuming CTA gets ceil(M / C) rows or, the last, fewer (4096
-// rows on 132 CTAs: 128 of 32 rows, not 4 of 32 and 128 of 31, whose last row the 4 loaded alone).
-constexpr int64_t streaming_grid(int64_t m, int64_t roles, int64_t resident) {
-  const int64_t most = resident - roles < m ? resident - roles : m;
-  if (most <= 0) return roles;
-  const int64_t per = (m + most - 1) / most;
-  return roles + (m + per - 1) / per;
-}
 cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, bool pdl);
 
 // Loads every kernel an op can launch (cudaFuncGetAttributes: with CUDA's lazy loading a kernel

@@ -332,7 +332,7 @@ struct ConsumerParams {
   ErrorSink err;
   CallIdentity id;  // kPoll: this rank's identity of the call, which every peer's call header must equal
   // Rows of one CTA, kDirect or kPoll (not a single launch): from this many rows the streaming
-  // (persistent, prefetching) consumer runs on streaming_grid(M, role CTAs, streaming_ctas) CTAs; 0:
+  // (persistent, prefetching) consumer runs on min(M + role CTAs, streaming_ctas) CTAs; 0:
   // never; -1: automatic (kDirect when M exceeds its CTAs; kPoll from kPollStreamingMinRows:
   // one-shot with its publishing CTAs, two-shot after its publish and owners' kernels, no roles).
   int64_t streaming_min_rows;

@@ -313,7 +313,7 @@ struct AllReduceMHC::Impl {
     }
     if (kernels::consumer_streams(cp, s.input)) {
       t += "; streaming consumer: a persistent grid of " +
-           std::to_string(kernels::streaming_grid(m, cp.publisher_ctas + cp.reducer_ctas, cp.streaming_ctas)) + " CTAs";
+           std::to_string(std::min<int64_t>(m + cp.publisher_ctas + cp.reducer_ctas, cp.streaming_ctas)) + " CTAs";
       if (cp.publisher_ctas > 0) t += " (" + std::to_string(cp.publisher_ctas) + " publish";
       if (cp.reducer_ctas > 0) t += ", " + std::to_string(cp.reducer_ctas) + " reduce";
       if (cp.publisher_ctas > 0) t += ")";

@@ -1,6 +1,5 @@
 // Every argument error of SPEC.md raises mhccl::Error with a message naming the argument, what
 // was expected and what was given — before anything could be launched (no GPU here).
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -696,30 +695,6 @@ TEST(LaunchChoice, Fp8TilingKeepsGroupsInOneCta) {
           EXPECT_GE(static_cast<int64_t>(t.packs_per_cta) * t.ctas_per_row, np);
           EXPECT_LE(t.threads, kernels::max_threads_per_cta(hc));
         }
-      }
-    }
-  }
-}
-
-// The streaming consumer's grid deals the rows evenly: every consuming CTA ceil(M / C) rows but
-// the last (C the consuming CTAs a grid of min(M, resident - roles) would have), no more CTAs
-// than resident, and as few as that takes; the role CTAs on top.
-TEST(LaunchChoice, StreamingGridDealsRowsEvenly) {
-  EXPECT_EQ(kernels::streaming_grid(4096, 0, 132), 128);  // 32 rows each, not 4 CTAs of 32 and 128 of 31
-  EXPECT_EQ(kernels::streaming_grid(1024, 0, 132), 128);
-  EXPECT_EQ(kernels::streaming_grid(133, 0, 132), 67);    // 2 rows each, the last 1
-  EXPECT_EQ(kernels::streaming_grid(100, 0, 132), 100);
-  EXPECT_EQ(kernels::streaming_grid(1024, 24, 132), 24 + 103);  // ceil(1024 / 10) consumers
-  for (const int64_t resident : {int64_t{132}, int64_t{264}, int64_t{7}}) {
-    for (const int64_t roles : {int64_t{0}, int64_t{1}, int64_t{5}}) {
-      if (roles >= resident) continue;
-      for (int64_t m = 1; m <= 5000; m += (m < 300 ? 1 : 37)) {
-        const int64_t grid = kernels::streaming_grid(m, roles, resident), consumers = grid - roles;
-        const int64_t most = std::min(m, resident - roles), per = (m + most - 1) / most;
-        ASSERT_LE(grid, resident) << m;
-        ASSERT_GE(consumers * per, m) << m;            // every row dealt
-        ASSERT_LT((consumers - 1) * per, m) << m;      // no consuming CTA without a row
-        ASSERT_LE(consumers, most) << m;
       }
     }
   }
