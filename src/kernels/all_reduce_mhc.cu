@@ -997,14 +997,51 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
     cp_async_commit();
   };
 
+  // Which rows a CTA computes. kPoll: rows first, first + step, ... (its roles go by ticket).
+  // kDirect, kFinalize: the first kDealt so, then rows taken from the op's row tickets
+  // (p.row_tickets: rows from kDealt * step on, to the CTA that asks first), so that a CTA whose
+  // share of HBM ran faster takes more rows: dealt to the end, at M = 4096 the SMs' active cycles
+  // ranged from 160K to 206K of the kernel's 208K (ncu, one H200, 2026-12-04). Thread 0 asks two
+  // rows ahead, so that no barrier waits for its atomic: at row k's top it redeems the ticket it
+  // asked for at row k - 1 (row k + 2, left in taken[] for every thread at row k + 1's top and
+  // end, past row k's barriers) and asks for the next. Each CTA asks until it draws a row at or beyond M:
+  // the call's tickets number (M - kDealt * step, at least 0) + step, and the CTA that redeems
+  // the last one zeroes them for the op's next call (which reads them only after this grid
+  // completed: griddepcontrol.wait, or stream order).
+  constexpr bool kTaken = IN != ConsumerInput::kPoll;
+  constexpr int kDealt = 3;
+  constexpr uint32_t kNoTicket = 0xffffffffu;
+  __shared__ int64_t taken[4];  // row j at j % 4: read at row j - 1's top and end, rewritten at row j + 2's top
+  uint32_t ticket = kNoTicket;  // thread 0: the ticket asked for, not yet redeemed
+  auto ask = [&] { ticket = atomicAdd(p.row_tickets, 1u); };
+  auto redeem = [&]() -> int64_t {
+    const int64_t from = kDealt * step;
+    const uint32_t tickets = static_cast<uint32_t>((p.m > from ? p.m - from : 0) + step);
+    if (ticket == tickets - 1) atomicExch(p.row_tickets, 0u);  // the call's last ticket
+    const int64_t r = from + ticket;
+    ticket = kNoTicket;
+    return r;
+  };
+  if (kTaken && threadIdx.x == 0) ask();
+  // The row after this CTA's k-th.
+  auto row_after = [&](int k, int64_t row) -> int64_t {
+    if constexpr (kTaken) return k + 1 < kDealt ? first + (k + 1) * step : taken[(k + 1) & 3];
+    return row + step;
+  };
+
   int stage = 0;
   int64_t row = first;
   if (row < p.m) prefetch(row, 0);
-  for (; row < p.m; row += step, stage ^= 1) {
+  for (int k = 0; row < p.m; row = row_after(k, row), stage ^= 1, ++k) {
     // The next row goes into the other stage, whose last readers finished: every thread passed
     // the previous row's barrier (the RMS sum's, or the one at the end for residual_only) after
     // its last read of that stage's mixes, and reads only the packs it copied itself.
-    const int64_t next = row + step;
+    const int64_t next = row_after(k, row);
+    if (kTaken && threadIdx.x == 0 && ticket != kNoTicket && k + 2 >= kDealt) {  // row k + 2
+      const int64_t r = redeem();
+      taken[(k + 2) & 3] = r;  // its last readers (row k - 2's top and end) passed row k - 1's barrier
+      if (r < p.m) ask();
+    }
     if constexpr (IN == ConsumerInput::kFinalize) {
       // This row's stage first (its routes give the GEMM2 rows), then the GEMM2 packs, then the
       // next row's stage; waiting for all but the newest group waits for the GEMM2 packs.
@@ -1080,6 +1117,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
     epilogue_pack<HC, V>(p, row, pack, active, y, res, norm, mixes[stage], warp_sums[stage], nullptr, 1);
     if constexpr (V == ConsumerVariant::kResidualOnly) __syncthreads();
   }
+  if (kTaken && threadIdx.x == 0 && ticket != kNoTicket) redeem();  // the call's last ticket may be this one
 }
 
 // The consumer at large M, rows of one CTA: a grid of the CTAs resident at once, each looping

@@ -82,6 +82,9 @@ struct AllReduceMHC::Impl {
   bool bt_built = false;
   std::unique_ptr<SymmetricBuffer> ll_mailbox, bt_mailbox, bt_reduced;
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
+  // The direct (TP=1, NCCL fallback) and TP=1 finalize streaming consumer's row tickets
+  // (ConsumerParams::row_tickets): 2 words, zero between calls.
+  uint32_t* row_tickets = nullptr;
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
   // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows;
@@ -99,7 +102,7 @@ struct AllReduceMHC::Impl {
   tuning::Resolved resolved;  // the configuration as agreed, and where its values came from
 
   ~Impl() {
-    if (comm) comm->release({states, fallback_rows});
+    if (comm) comm->release({states, fallback_rows, row_tickets});
   }
 
   // The configuration checked (check_all_reduce_mhc_config) and resolved (src/ops/tuning.h):
@@ -388,6 +391,7 @@ struct AllReduceMHC::Impl {
     cp.id = kernels::make_call_identity(op, proto == Protocol::kTwoShot ? kernels::kProtoTwoShotOwner : kernels::kProtoOneShot,
                                         static_cast<uint32_t>(variant), static_cast<uint64_t>(m));
     cp.tp = c.tp;
+    cp.row_tickets = row_tickets;
     cp.wait_predecessor = true;  // cleared below where our own publish precedes the consumer
 
     pp.x = finalize ? nullptr : data_of(x);
@@ -609,6 +613,8 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
   im.agree_streaming_grid(mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
+  MHCCL_CUDA(cudaMalloc(&im.row_tickets, 2 * sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMemsetAsync(im.row_tickets, 0, 2 * sizeof(uint32_t), c.setup_stream));
   if (mailboxes) {
     const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
@@ -631,10 +637,10 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
     }
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
-    c.setup_wait("AllReduceMHC construction");
   } else if (c.tp > 1) {
     MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
   }
+  c.setup_wait("AllReduceMHC construction");  // the fills and zeroed words above
 }
 
 AllReduceMHC::~AllReduceMHC() = default;
