@@ -997,8 +997,10 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
     cp_async_commit();
   };
 
-  // Which rows a CTA computes. kPoll: rows first, first + step, ... (its roles go by ticket).
-  // kDirect, kFinalize: the first kDealt so, then rows taken from the op's row tickets
+  // Which rows a CTA computes. kPoll, kFinalize: rows first, first + step, ... (kPoll's roles go
+  // by ticket; kFinalize taking rows as kDirect does measured 2.3% slower at M = 4096, 0.4% at
+  // 1024, one H200, 2026-12-04: its GEMM2 gathers, not its SMs' shares, set its pace).
+  // kDirect: the first kDealt so, then rows taken from the op's row tickets
   // (p.row_tickets: rows from kDealt * step on, to the CTA that asks first), so that a CTA whose
   // share of HBM ran faster takes more rows: dealt to the end, at M = 4096 the SMs' active cycles
   // ranged from 160K to 206K of the kernel's 208K (ncu, one H200, 2026-12-04). Thread 0 asks two
@@ -1008,7 +1010,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
   // the call's tickets number (M - kDealt * step, at least 0) + step, and the CTA that redeems
   // the last one zeroes them for the op's next call (which reads them only after this grid
   // completed: griddepcontrol.wait, or stream order).
-  constexpr bool kTaken = IN != ConsumerInput::kPoll;
+  constexpr bool kTaken = IN == ConsumerInput::kDirect;
   constexpr int kDealt = 3;
   constexpr uint32_t kNoTicket = 0xffffffffu;
   __shared__ int64_t taken[4];  // row j at j % 4: read at row j - 1's top and end, rewritten at row j + 2's top

@@ -348,7 +348,7 @@ struct ConsumerParams {
   int publisher_ctas;
   int reducer_ctas;
   void* reduced[kMaxTp];
-  // kDirect, kFinalize streaming: the op's row ticket counter (consume_rows), zero between calls;
+  // kDirect streaming: the op's row ticket counter (consume_rows), zero between calls;
   // calls of one op share it: they run one at a time (stream-ordered).
   uint32_t* row_tickets;
 };

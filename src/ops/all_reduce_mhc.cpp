@@ -82,8 +82,8 @@ struct AllReduceMHC::Impl {
   bool bt_built = false;
   std::unique_ptr<SymmetricBuffer> ll_mailbox, bt_mailbox, bt_reduced;
   kernels::LamportState* states = nullptr;  // [0] one-shot, [1] two-shot
-  // The direct (TP=1, NCCL fallback) and TP=1 finalize streaming consumer's row tickets
-  // (ConsumerParams::row_tickets): 2 words, zero between calls.
+  // The direct streaming consumer's row ticket counter (TP=1's call, the NCCL path's consumer;
+  // ConsumerParams::row_tickets): one word, zero between calls.
   uint32_t* row_tickets = nullptr;
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
@@ -613,8 +613,8 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
   im.agree_streaming_grid(mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
-  MHCCL_CUDA(cudaMalloc(&im.row_tickets, 2 * sizeof(uint32_t)));
-  MHCCL_CUDA(cudaMemsetAsync(im.row_tickets, 0, 2 * sizeof(uint32_t), c.setup_stream));
+  MHCCL_CUDA(cudaMalloc(&im.row_tickets, sizeof(uint32_t)));
+  MHCCL_CUDA(cudaMemsetAsync(im.row_tickets, 0, sizeof(uint32_t), c.setup_stream));
   if (mailboxes) {
     const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
     const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
