@@ -1041,7 +1041,7 @@ __device__ __forceinline__ void consume_rows(const ConsumerParams& p, const Gene
     const int64_t next = row_after(k, row);
     if (kTaken && threadIdx.x == 0 && ticket != kNoTicket && k + 2 >= kDealt) {  // row k + 2
       const int64_t r = redeem();
-      taken[(k + 2) & 3] = r;  // its last readers (row k - 2's top and end) passed row k - 1's barrier
+      taken[(k + 2) & 3] = r;  // its last readers (row k - 3's top and end) passed row k - 1's barrier
       if (r < p.m) ask();
     }
     if constexpr (IN == ConsumerInput::kFinalize) {
