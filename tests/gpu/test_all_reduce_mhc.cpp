@@ -503,8 +503,9 @@ TEST_P(AllReduceMHCTest, GraphOfThreeCallsReplayed) {
   comm().check_errors();
 }
 
-// The direct streaming consumer (TP=1's call and finalize; at TP > 1 the NCCL path's consumer)
-// and the CTA-a-row kernel, alternating: calls of alternating M (below, at and beyond the
+// The streaming consumers of the direct path (the call's, which takes its rows from the op's row
+// tickets, PROTOCOL.md I10e, and TP=1's finalize; at TP > 1 the NCCL path's consumer) and the
+// CTA-a-row kernel, alternating: calls of alternating M (below, at and beyond the
 // streaming grid, whose rows then divide unevenly over its CTAs), call and finalize, every
 // variant, back to back without a host sync (each kernel launched while the one before still
 // runs, PDL), eagerly and as a graph replayed, each call's outputs poisoned before and checked
