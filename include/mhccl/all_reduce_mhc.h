@@ -161,11 +161,12 @@ struct AllReduceMHCFinalizeArgs {
 // stream-ordered and graph-capturable; every rank must issue the same sequence of calls with
 // the same M. Calls of one op run one at a time (one stream, or streams ordered by events): the
 // op keeps device state between its calls at every TP (at TP=1 too: the row tickets of the
-// call's streaming consumer, which the NCCL path's consumer uses as well). Outputs are written into the caller's tensors. Arguments are checked before the
-// first launch (Error(kInvalidArgument/kUnsupported)); a rejected call changes no state. A
-// kernel launch that fails (Error(kCuda)) after the call's first launch went out leaves this
-// rank's protocol state behind its peers': the communicator is then unusable (kUnusable on every
-// later call) until it and its ops are rebuilt.
+// call's streaming consumer, which the NCCL path's consumer uses as well). Outputs are written
+// into the caller's tensors. Arguments are checked before the first launch
+// (Error(kInvalidArgument/kUnsupported)); a rejected call changes no state. A kernel launch that
+// fails (Error(kCuda)) after the call's first launch went out leaves this rank's protocol state
+// behind its peers': the communicator is then unusable (kUnusable on every later call) until it
+// and its ops are rebuilt.
 class AllReduceMHC {
  public:
   AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config);
