@@ -204,9 +204,11 @@ if [[ " $stages " == *" ab "* ]]; then
 fi
 if [[ " $stages " == *" abtree "* ]]; then
   # A/B of builds in one run, alternated: this tree's build ($B) against older trees carried
-  # in AB_TREES (default .ab-old; each e.g. `git archive <commit> | tar -x -C .ab-old`, excluded
-  # from git and copied to the GPU machine with the tree), each built (mhccl-bench only, all at once) into its
+  # in AB_TREES (default .ab-old; made by scripts/ab-trees.sh NAME=REV, untracked and copied to
+  # the GPU machine with the tree), each built (mhccl-bench only, all at once) into its
   # build-old. AB_ARGS: the bench's arguments (default: TP=1, the all-reduce ops, no checks).
+  # Then bench/ab_table.py's table of every round (abtree-table.md, differences to AB_BASE: a
+  # build's name, default this tree's), its rows at AB_TABLE_M (default 1,8,64) printed.
   trees=(${AB_TREES:-.ab-old})
   build_trees "${trees[@]}"
   for i in $(seq ${AB_ROUNDS:-2}); do
@@ -222,6 +224,9 @@ if [[ " $stages " == *" abtree "* ]]; then
       grep -E "^  (call|finalize) +(plain|mxfp8|residual_only) +(1|8|64|128|1024|4096) " "$OUT/abtree-$tag-$i.log" | awk -v w="$tag$i" '{print w, $0}' | head -${AB_LINES:-40}
     done
   done
+  python3 bench/ab_table.py --base "${AB_BASE:-$MHCCL_COMMIT}" "$OUT"/abtree-*-[0-9]*.json > "$OUT/abtree-table.md" 2>&1
+  echo "ab_table rc=$?"
+  python3 bench/ab_table.py --base "${AB_BASE:-$MHCCL_COMMIT}" --m "${AB_TABLE_M:-1,8,64}" "$OUT"/abtree-*-[0-9]*.json 2>&1 | head -60
 fi
 if [[ " $stages " == *" sweep "* ]]; then
   # Tiling experiment: CTAs per row forced for every M (MHCCL_CTAS_PER_ROW), all-reduce only.

@@ -9,6 +9,7 @@
 #                     nanobind, which scripts/install-deps.sh installs), and python-mypy (mypy
 #                     --strict over the built package and python/tests/typing_public_api.py)
 #   torch tests       python/tests/test_torch_*cpu.py (need PyTorch: scripts/install-deps.sh --torch)
+#   Tool tests        the contributors' tools (bench/ab_table.py; need a Python interpreter)
 # Arguments go to ctest (e.g. -R cpu). The summary is also written to ${BUILD_DIR:-build}/test-summary.txt.
 # Exit code: ctest's (skipped suites do not fail it; the summary names them).
 set -euo pipefail
@@ -93,6 +94,7 @@ C++ CPU tests|^(cpu|library-without-iostreams)
 GPU tests|^(gpu_|python_gpu$)
 Python CPU tests|^(python_cpu|python-mypy|python-extension-without-iostreams)$
 torch tests|^python_torch$
+Tool tests|^bench-
 SUITES
 }
 echo

@@ -1,0 +1,73 @@
+"""bench/ab_table.py on JSON files written here: grouping by build, means over rounds, the
+differences to the base build, the spread of rounds, the filters and the errors."""
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import ab_table  # noqa: E402
+
+
+def bench_json(path, commit, call_us, floor_us):
+    rows = [{"op": "bandwidth", "copy_gbps": 4000.0, "peer_store_gbps": 0.0, "tp": 1}]
+    for m, us in call_us.items():
+        rows.append({"op": "allreduce_mhc.call", "protocol": "one-shot (own mailbox)", "variant": "plain",
+                     "m": m, "tp": 1, "us_median": us, "lamport_floor_us": floor_us})
+        rows.append({"op": "allreduce_mhc.finalize", "protocol": "simulated single launch", "variant": "mxfp8",
+                     "m": m, "tp": 1, "simulated": 4, "pdl": True, "us_median": 2 * us})
+    with open(path, "w") as f:
+        json.dump({"commit": commit, "rows": rows}, f)
+    return path
+
+
+def run(args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = ab_table.main(args)
+    return rc, out.getvalue()
+
+
+def main():
+    d = tempfile.mkdtemp()
+    a1 = bench_json(os.path.join(d, "a1.json"), "aaa", {1: 4.0, 64: 10.0}, 2.0)
+    a2 = bench_json(os.path.join(d, "a2.json"), "aaa", {1: 4.2, 64: 10.0}, 2.0)
+    b1 = bench_json(os.path.join(d, "b1.json"), "bbb", {1: 3.0, 64: 11.0}, 1.5)
+
+    rc, out = run([a1, a2, b1])
+    assert rc == 0, out
+    assert "rounds: aaa 2, bbb 1" in out, out
+    # The mean of aaa's two rounds (4.1), bbb's difference to it, the spread of aaa's rounds.
+    assert "| call | one-shot (own mailbox) | 1 | 1 | 4.10 | 3.00 (-1.10, -26.8%) | 0.20 |" in out, out
+    assert "| call | one-shot (own mailbox) | 1 | 64 | 10.00 | 11.00 (+1.00, +10.0%) | 0.00 |" in out, out
+    assert "| lamport floor |  | 1 | 1 | 2.00 | 1.50 (-0.50, -25.0%) | 0.00 |" in out, out
+    # Simulated ranks: the row's TP is the simulated one; a variant other than plain is named.
+    assert "| finalize mxfp8 | simulated single launch | 4 | 1 | 8.20 | 6.00 (-2.20, -26.8%) | 0.40 |" in out, out
+
+    rc, out = run(["--base", "bbb", "--m", "64", "--op", "call", a1, a2, b1])
+    assert rc == 0 and "| call | one-shot (own mailbox) | 1 | 64 | 11.00 | 10.00 (-1.00, -9.1%) | 0.00 |" in out, out
+    assert "| 1 | 1 |" not in out and "finalize" not in out, out
+
+    # NAME=FILE overrides the commit recorded in the file.
+    rc, out = run(["x=" + a1, "y=" + b1])
+    assert rc == 0 and "| x | y (vs x) | spread |" in out, out
+
+    rc, out = run(["--base", "nope", a1])
+    assert rc == 2, out
+    bad = os.path.join(d, "bad.json")
+    with open(bad, "w") as f:
+        f.write("[1, 2]")
+    try:
+        run([bad])
+    except SystemExit as e:
+        assert "not an mhccl-bench JSON file" in str(e), e
+    else:
+        raise AssertionError("a file without rows was accepted")
+    print("test_ab_table: ok")
+
+
+if __name__ == "__main__":
+    main()
