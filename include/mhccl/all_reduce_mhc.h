@@ -127,7 +127,8 @@ struct MHCEpilogueArgs {
   // Per-token-group FP8 copy of layer_input (built with quantize_layer_input_fp8; not with the
   // mxfp8 outputs, not residual-only): values [M, H] 8-bit E4M3, written; and scales, FP32,
   // fp8_group_scale_bytes(M, H) bytes, 16-byte aligned: either a contiguous tensor of
-  // Mp * (H / 128) floats (any shape, e.g. [H / 128, Mp]; every padding row M .. Mp-1 written 0)
+  // Mp * (H / 128) floats (any shape, e.g. [H / 128, Mp], but not a row-major [M, H / 128] or
+  // [Mp, H / 128], whose element [r, g] is not scale(r, g); every padding row M .. Mp-1 written 0)
   // or the MN-major view [M, H / 128] with strides [1, Mp] that DeepGEMM and vLLM take: then its
   // extent, (H / 128 - 1) * Mp + M floats, is written (the padding rows of all but the last
   // column 0) and nothing past it, so vLLM's TMA-aligned scales, whose storage ends there at

@@ -16,7 +16,7 @@ import os
 import operator
 import sys
 import weakref
-from typing import (TYPE_CHECKING, Any, Callable, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
                     Union)
 
 from . import _ops
@@ -232,8 +232,8 @@ def fp8_group_scales_view(scales: Tensor, m: int, hidden: int) -> Tensor:
 
     Args:
         scales: a contiguous float32 torch.Tensor of Mp * G elements (any shape, e.g. the flat
-            buffer or [G, Mp], but not a row-major [m, G], whose [r, g] is not scale(r, g);
-            where m == G == Mp the two shapes are the same and it is taken as [G, Mp]), or
+            buffer or [G, Mp], but not a row-major [m, G] or [Mp, G], whose [r, g] is not
+            scale(r, g); where the shape is also [G, Mp] it is taken as [G, Mp]), or
             that view already (returned as it is), over storage of at least its extent
             (G - 1) * Mp + m floats (vLLM's TMA-aligned scales at m % 4 != 0 end there).
         m, hidden: the rows and the width of the quantized tensor (as ``fp8_group_scale_bytes``).
@@ -270,6 +270,14 @@ def fp8_group_scales_view(scales: Tensor, m: int, hidden: int) -> Tensor:
             f"scales: expected the flat buffer of {floats} floats or the MN-major view "
             f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
             f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
+            "[r, g] would not be scale(r, g) (at g * Mp + r)")
+    # The padded row-major [Mp, G] (m % 4 != 0): the same trap; where Mp == G it is [G, Mp].
+    if (tuple(scales.shape) == (mp, groups) and mp != m and groups > 1 and mp != groups
+            and scales.is_contiguous()):
+        raise InvalidArgumentError(
+            f"scales: expected the flat buffer of {floats} floats, [G, Mp] = [{groups}, {mp}], "
+            f"or the MN-major view [{m}, {groups}] with strides (1, {mp}), got the row-major "
+            f"shape [{mp}, {groups}] with strides {tuple(scales.stride())}, whose element "
             "[r, g] would not be scale(r, g) (at g * Mp + r)")
     if scales.numel() != floats or not scales.is_contiguous():
         raise InvalidArgumentError(
@@ -427,8 +435,12 @@ def _options_args(wait_timeout_ms: Any, watchdog: Any, force_nccl_fallback: Any
 
 
 # One communicator per (group, device, options), shared by every op built on it while any is
-# alive: its rejected-call count and its unusable state are theirs in common.
-_COMMUNICATORS: "weakref.WeakValueDictionary[Tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
+# alive: its rejected-call count and its unusable state are theirs in common. The key holds the
+# group's id(); the entry holds the group itself beside a weak reference to the communicator, so
+# that the group outlives its id's use as a key (a group collected while ops on it live, and
+# another made at its address, would otherwise find the first group's communicator: other
+# peers). The entry goes when its communicator does.
+_COMMUNICATORS: "Dict[Tuple[Any, ...], Tuple[weakref.ref[Any], Any]]" = {}
 
 
 def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
@@ -441,7 +453,8 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
     group, tp, rank = _group_layout(group)
     key = (id(group) if group is not None else 0, device, wait_timeout_ms, watchdog,
            force_nccl_fallback)
-    comm = _COMMUNICATORS.get(key)
+    entry = _COMMUNICATORS.get(key)
+    comm = entry[0]() if entry is not None else None
     if comm is not None:
         return comm
     if tp == 1:
@@ -456,7 +469,12 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
         uid = box[0]
     comm = lib.Communicator(uid, rank, tp, device, wait_timeout_ms=wait_timeout_ms,
                             watchdog=watchdog, force_nccl_fallback=force_nccl_fallback)
-    _COMMUNICATORS[key] = comm
+    def forget(ref: "weakref.ref[Any]", key: Tuple[Any, ...] = key) -> None:
+        entry = _COMMUNICATORS.get(key)
+        if entry is not None and entry[0] is ref:
+            del _COMMUNICATORS[key]
+
+    _COMMUNICATORS[key] = (weakref.ref(comm, forget), group)
     return comm
 
 

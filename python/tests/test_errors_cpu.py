@@ -160,7 +160,8 @@ def test_the_python_layers_argument_errors():
 @pytest.mark.parametrize("kwargs,cls,code", [
     (dict(hc_mult=3), mhccl.UnsupportedError, "kUnsupported"),
     (dict(hidden_size=32768 + 8), mhccl.UnsupportedError, "kUnsupported"),
-    (dict(top_k=17), mhccl.InvalidArgumentError, "kInvalidArgument"),
+    (dict(top_k=17), mhccl.UnsupportedError, "kUnsupported"),  # the kernels' limit, as hc and H
+    (dict(top_k=0), mhccl.InvalidArgumentError, "kInvalidArgument"),
     (dict(hidden_size=5124), mhccl.InvalidArgumentError, "kInvalidArgument"),
     (dict(max_num_tokens=0), mhccl.InvalidArgumentError, "kInvalidArgument"),
 ])
@@ -263,3 +264,36 @@ def test_the_cpp_communicator_check_arrives_as_its_class():
     else:
         assert type(e) is mhccl.InvalidArgumentError and e.code == "kInvalidArgument"
         assert str(e).startswith("wait_timeout_ms: expected 1 to 86400000 ms, got 0")
+
+
+def test_a_communicator_is_never_found_under_another_groups_id(monkeypatch):
+    """The cache of communicators is keyed by the group's id(): its entry keeps the group alive
+    while the communicator lives (so no other group can be made at its address and find it), and
+    goes when the communicator does."""
+    import gc
+    import weakref
+
+    class Comm:
+        def __init__(self, uid, rank, tp, device, **options):
+            self.tp = tp
+
+    class Group:  # a stand-in process group of one rank
+        pass
+
+    lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
+    monkeypatch.setattr(_api, "_lib", lambda: lib)
+    monkeypatch.setattr(_api, "_group_layout", lambda g: (g, 1, 0))
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
+    group = Group()
+    group_ref = weakref.ref(group)
+    comm = _api._communicator(group, 0)
+    assert _api._communicator(group, 0) is comm  # shared by the ops of one group
+    del group
+    gc.collect()
+    assert group_ref() is not None  # held while its communicator lives: its id stays its own
+    other = Group()
+    assert _api._communicator(other, 0) is not comm
+    del comm
+    gc.collect()
+    assert group_ref() is None  # the entry went with the communicator, and the group with it
+    assert all(entry[0]() is not None for entry in _api._COMMUNICATORS.values())

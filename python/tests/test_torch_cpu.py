@@ -489,6 +489,8 @@ def test_fp8_group_scales_view_errors():
         mhccl.fp8_group_scales_view(torch.zeros(m * g), m, H)  # unpadded
     with pytest.raises(ValueError, match=r"^scales: expected a contiguous tensor"):
         mhccl.fp8_group_scales_view(torch.zeros(g, 8).t(), m, H)  # right count, not contiguous
+    with pytest.raises(ValueError, match=r"^scales: .*row-major shape \[8, 2\].*would not be scale\(r, g\)"):
+        mhccl.fp8_group_scales_view(torch.zeros(8, g), m, H)  # the padded row-major [Mp, G]
     with pytest.raises(TypeError, match="^scales: expected a torch.Tensor, got list"):
         mhccl.fp8_group_scales_view([0.0] * 16, m, H)
     # The view over storage that ends at its last element (vLLM's TMA-aligned scales at

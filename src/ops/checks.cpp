@@ -2,6 +2,7 @@
 #include "mhccl/checks.h"
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <cstdio>
 #include <vector>
@@ -199,6 +200,17 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
               describe_shape(s) + " with strides " + strides_str(s) +
               ", whose element [r, g] would not be scale(r, g)");
     }
+    // The padded row-major [Mp, G] (at M % 4 != 0; at M % 4 == 0 it is [M, G], above): the
+    // same trap, its element [r, g] at r * G + g. Where Mp == G it is also [G, Mp]: taken so.
+    const bool mp_by_g = s.ndim == 2 && s.shape[0] == mp && s.shape[1] == groups && mp != m && groups > 1 &&
+                         mp != groups;
+    if (mp_by_g && is_contiguous(s)) {
+      invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
+              " floats, [G, Mp] = " + shape_str({groups, mp}) + ", or the MN-major view " + shape_str({m, groups}) +
+              " with strides " + shape_str({1, mp}) + " (scale(r, g) at g * " + std::to_string(mp) +
+              " + r), got the row-major shape " + describe_shape(s) + " with strides " + strides_str(s) +
+              ", whose element [r, g] would not be scale(r, g)");
+    }
     // MN-major but with columns M floats apart (vLLM's column_major_scales without
     // tma_aligned_scales, at M % 4 != 0): the kernels write columns Mp floats apart.
     if (m_by_g && s.strides != nullptr && s.strides[0] == 1) {
@@ -247,7 +259,18 @@ Span span_of(const DLTensor* t, const char* name) {
   const uintptr_t a = data_address(*t);
   const int64_t n = numel(*t), bytes = tensor_bytes(*t);
   if (n <= 0 || bytes < 0) return Span{name, a, a};
-  if (t->strides == nullptr) return Span{name, a, a + static_cast<uintptr_t>(bytes)};
+  // [a + first, a + last) as a range of addresses: one that wraps past 2^64 or starts below 0
+  // (only a hand-built DLTensor has one) would cover "nothing" to the overlap test: refused.
+  auto span = [&](__int128 first, __int128 last) {
+    const __int128 lo = static_cast<__int128>(a) + first, hi = static_cast<__int128>(a) + last;
+    if (lo < 0 || hi > static_cast<__int128>(UINTPTR_MAX)) {
+      invalid(std::string(name) + ": expected a tensor inside the address space, got data at " + hex_address(a) +
+              " with shape " + describe_shape(*t) + " and strides " + strides_str(*t) +
+              ", whose bytes would wrap past it");
+    }
+    return Span{name, static_cast<uintptr_t>(lo), static_cast<uintptr_t>(hi)};
+  };
+  if (t->strides == nullptr) return span(0, bytes);
   const int64_t elem = bytes / n;
   __int128 lo = 0, hi = 0;  // element offsets from the data (strides unbounded)
   for (int i = 0; i < t->ndim; ++i) {
@@ -259,8 +282,7 @@ Span span_of(const DLTensor* t, const char* name) {
     invalid(std::string(name) + ": expected strides that reach at most 2^62 bytes from its data, got " +
             describe_shape(*t) + " with strides " + strides_str(*t));
   }
-  return Span{name, a + static_cast<uintptr_t>(static_cast<int64_t>(lo * elem)),
-              a + static_cast<uintptr_t>(static_cast<int64_t>((hi + 1) * elem))};
+  return span(lo * elem, (hi + 1) * elem);
 }
 bool overlap(const Span& a, const Span& b) {
   return a.first < a.last && b.first < b.last && a.first < b.last && b.first < a.last;
@@ -329,8 +351,8 @@ void check_epilogue(const AllReduceMHCConfig& c, int device, int64_t m, const MH
     invalid("fp8 outputs: a residual-only call has no layer input to quantize, got fp8 outputs");
   }
   if (has_fp8 && !c.quantize_layer_input_fp8) {
-    invalid("fp8 outputs: need an instance built with quantize_layer_input_fp8=true, this one was "
-            "built without it");
+    unsupported("fp8 outputs: need an instance built with quantize_layer_input_fp8=true, this one was "
+                "built without it");
   }
   if (residual_only && e.layer_input != nullptr) {
     invalid("layer_input: a residual-only call writes no layer input, got a layer_input tensor");
@@ -506,8 +528,9 @@ void check_all_reduce_mhc_config(const AllReduceMHCConfig& c, int tp) {
   if (c.hc_mult != 1 && c.hc_mult != 2 && c.hc_mult != 4 && c.hc_mult != 8) {
     unsupported("hc_mult: expected 1, 2, 4 or 8 residual streams, got " + std::to_string(c.hc_mult));
   }
-  if (c.top_k < 1 || c.top_k > kMaxTopK) {
-    invalid("top_k: expected 1..16, got " + std::to_string(c.top_k));
+  if (c.top_k < 1) invalid("top_k: expected 1..16, got " + std::to_string(c.top_k));
+  if (c.top_k > kMaxTopK) {  // a limit of the kernels, as hc, tp and H: kUnsupported (README's error table)
+    unsupported("top_k: expected 1..16 (the kernels' limit), got " + std::to_string(c.top_k));
   }
   if (c.max_num_tokens < 1 || c.max_num_tokens > kMaxTokens) {
     invalid("max_num_tokens: expected 1 to " + std::to_string(kMaxTokens) + ", got " +

@@ -1,6 +1,7 @@
 // Tuning tables: parsing, matching, resolution (src/ops/tuning.h, docs/TUNING.md).
 #include "ops/tuning.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -102,6 +103,14 @@ Entry read_entry(const Reader& r, const json& e, size_t i) {
   const json& key = r.member(e, "key", where);
   if (!key.is_object()) bad(r.path, where + ".key", "expected an object, got " + type_name(key));
   const std::string kw = where + ".key";
+  // A member the key does not have (a misspelt "topk", "Hidden") would otherwise be ignored, and
+  // the entry match every value of the member meant.
+  for (auto it = key.begin(); it != key.end(); ++it) {
+    static const char* const kKeyMembers[] = {"gpu", "sms", "p2p", "nccl", "tp", "hidden", "hc", "variant", "top_k"};
+    if (std::find(std::begin(kKeyMembers), std::end(kKeyMembers), it.key()) == std::end(kKeyMembers)) {
+      bad(r.path, kw + "." + it.key(), "unknown key member (gpu, sms, p2p, nccl, tp, hidden, hc, variant, top_k)");
+    }
+  }
   auto str = [&](const json& v, const std::string& w) { return r.string(v, w); };
   auto num = [&](int64_t lo, int64_t hi) {
     return [&r, lo, hi](const json& v, const std::string& w) { return r.integer(v, w, lo, hi); };

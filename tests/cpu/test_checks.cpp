@@ -391,6 +391,15 @@ TEST_F(Checks, OverlappingOutputsRefusedInPlaceResidualAllowed) {
   Desc on_shared(addr(0xE0000), kBF16, {m, hc, h});
   finalize_error([&](auto& a) { a.epilogue.residual_out = on_shared.get(); }, ErrorCode::kInvalidArgument,
                  {"residual_out", "overlapping shared_output"});
+  // An output whose bytes would wrap past the top of the address space (only a hand-built
+  // DLTensor has one) covered "nothing" to the overlap test: refused, whatever lies below it.
+  Desc wrapping(addr(~uintptr_t{0} - 0xFF), kBF16, {m, hc, h});  // 16-byte aligned, 256 bytes below 2^64
+  call_error([&](auto& a) { a.epilogue.residual_out = wrapping.get(); }, ErrorCode::kInvalidArgument,
+             {"residual_out", "inside the address space", "wrap"});
+  Desc wrapping_strided(addr(~uintptr_t{0} - 0xFF), kBF16, {m, h});
+  wrapping_strided.with_strides({h, 1});
+  call_error([&](auto& a) { a.epilogue.layer_input = wrapping_strided.get(); }, ErrorCode::kInvalidArgument,
+             {"layer_input", "inside the address space", "wrap"});
   // Adjacent (touching, not overlapping) is fine: layer_input right after residual_out's last byte.
   Desc adjacent(addr(0x70000 + m * hc * h * 2), kBF16, {m, h});
   AllReduceMHCCallArgs a = f.call();
@@ -424,8 +433,10 @@ TEST(ConfigChecks, Limits) {
   c.hc_mult = 3;
   expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kUnsupported, {"hc_mult", "got 3"});
   c = cfg();
-  c.top_k = 17;
-  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"top_k", "1..16", "17"});
+  c.top_k = 17;  // the kernels' limit, as hc, tp and H: kUnsupported (README's error table)
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kUnsupported, {"top_k", "1..16", "17"});
+  c.top_k = 0;  // no route at all: not a top_k
+  expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"top_k", "1..16", "got 0"});
   c = cfg();
   c.max_num_tokens = 0;
   expect_error([&] { check_all_reduce_mhc_config(c, 2); }, ErrorCode::kInvalidArgument, {"max_num_tokens", "got 0"});
@@ -524,9 +535,10 @@ TEST_F(Fp8Checks, ValidCallsPass) {
   a.epilogue.fp8_values = a.epilogue.fp8_scales = nullptr;  // plain call on an FP8 build
   EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, a), 5);
 }
+// A variant the op was not built with: kUnsupported, as for the MXFP8 outputs.
 TEST_F(Fp8Checks, NotBuilt) {
   f.cfg.quantize_layer_input_fp8 = false;
-  call_error([&](auto&) {}, ErrorCode::kInvalidArgument, {"fp8 outputs", "quantize_layer_input_fp8=true"});
+  call_error([&](auto&) {}, ErrorCode::kUnsupported, {"fp8 outputs", "quantize_layer_input_fp8=true"});
 }
 TEST_F(Fp8Checks, TogetherWithMxfp8Outputs) {
   call_error([&](auto& a) {
@@ -568,6 +580,11 @@ TEST_F(Fp8Checks, ScalesSizeDtypeLayoutAlignment) {
   Desc row_major(addr(0xF8000), kF32, {5, 2});  // [M, G] row-major is not the layout
   call_error([&](auto& a) { a.epilogue.fp8_scales = row_major.get(); }, ErrorCode::kInvalidArgument,
              {"fp8 scales", "MN-major view [5, 2]", "strides [1, 8]"});
+  // Nor the padded row-major [Mp, G] (Mp * G floats: the count fits), whose element [r, g] is
+  // not scale(r, g) either.
+  Desc padded_row_major(addr(0xF8000), kF32, {8, 2});
+  call_error([&](auto& a) { a.epilogue.fp8_scales = padded_row_major.get(); }, ErrorCode::kInvalidArgument,
+             {"fp8 scales", "[G, Mp] = [2, 8]", "row-major shape [8, 2]", "would not be scale(r, g)"});
   Desc not_aligned_view(addr(0xF8000), kF32, {5, 2});  // columns of M, not Mp, floats
   not_aligned_view.with_strides({1, 5});
   call_error([&](auto& a) { a.epilogue.fp8_scales = not_aligned_view.get(); }, ErrorCode::kInvalidArgument,

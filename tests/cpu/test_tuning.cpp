@@ -206,6 +206,9 @@ TEST(TuningParse, WrongTypesAndValuesNameThePlace) {
   expect_bad_table(table_json({entry_json(2, good, "plain", "2.28.3", R"("launch": {"publishers": 4}, )")}),
                    {"entries[0].launch.publishers", "unknown launch shape"});
   expect_bad_table(table_json({entry_json(2, good, "bf16")}), {"entries[0].key.variant", "bf16"});
+  std::string typo = entry_json(2, good);  // a misspelt optional member: not ignored (it would match every top_k)
+  typo.replace(typo.find("\"tp\": 2"), 7, "\"tp\": 2, \"topk\": 6");
+  expect_bad_table(table_json({typo}), {"entries[0].key.topk", "unknown key member"});
   std::string no_tp = entry_json(2, good);
   no_tp.replace(no_tp.find("\"tp\": 2, "), 9, "");
   expect_bad_table(table_json({no_tp}), {"entries[0].key.tp", "expected a value or \"*\""});
