@@ -225,7 +225,8 @@ def test_ops_without_a_gpu_raise_no_device_error():
 
 
 def test_communicator_is_weak_referenceable():
-    # _api keeps one communicator per (group, device) in a WeakValueDictionary.
+    # _api keeps a weak reference to each communicator of its cache (an entry per group, device
+    # and options; _api._COMMUNICATORS).
     assert _api._lib().Communicator.__weakrefoffset__ != 0
 
 
