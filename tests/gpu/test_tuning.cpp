@@ -188,6 +188,28 @@ TEST(Tuning, SelfTestPassesInProcess) {
   EXPECT_FALSE(b.ok);
   EXPECT_NE(b.first_failure.find("two-shot"), std::string::npos) << b.first_failure;
   EXPECT_TRUE(c.usable());
+  // A bad M or shape: an argument error before any buffer is sized from it (not a failed
+  // allocation of a wrapped size), and the communicator stays usable.
+  for (const std::vector<int64_t>& ms : {std::vector<int64_t>{0}, std::vector<int64_t>{1, -5},
+                                         std::vector<int64_t>{int64_t{1} << 40}}) {
+    tune::VerifyOptions bad = o;
+    bad.ms = ms;
+    try {
+      tune::verify(c, env().stream, bad);
+      ADD_FAILURE() << "verify accepted M = " << ms.back();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    }
+  }
+  tune::VerifyOptions bad_shape = o;
+  bad_shape.hc = 3;
+  try {
+    tune::verify(c, env().stream, bad_shape);
+    ADD_FAILURE() << "verify accepted hc = 3";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+  EXPECT_TRUE(c.usable());
 }
 
 TEST(Tuning, MhcclTuneWritesATableAtTp1ThatLoads) {

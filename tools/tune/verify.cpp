@@ -9,6 +9,7 @@
 #include "common/mhc_harness.h"
 #include "common/text.h"
 #include "mhccl/all_reduce_mhc.h"
+#include "mhccl/checks.h"
 #include "mhccl/error.h"
 
 namespace mhccl::tune {
@@ -73,7 +74,21 @@ VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions
     }
   }
   if (o.ms.empty()) throw Error(ErrorCode::kInvalidArgument, "verify: no M given");
+  for (const int64_t m : o.ms) {  // before the buffers are sized from them
+    if (m < 1 || m > kMaxTokens) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "verify: expected every M in 1.." + std::to_string(kMaxTokens) + ", got " + std::to_string(m));
+    }
+  }
   const int64_t cap = *std::max_element(o.ms.begin(), o.ms.end());
+  {  // the shape (H, hc, top_k), checked as an op would, before the buffers of it
+    AllReduceMHCConfig shape;
+    shape.hidden_size = o.hidden;
+    shape.hc_mult = static_cast<int>(o.hc);
+    shape.top_k = static_cast<int>(o.top_k);
+    shape.max_num_tokens = cap;
+    check_all_reduce_mhc_config(shape, comm.tp());
+  }
   const int tp = comm.tp(), rank = comm.rank(), device = comm.device();
   const bool lamport = comm.peers_reachable();
   testing::Group g(comm, stream);
