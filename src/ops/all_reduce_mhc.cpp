@@ -144,11 +144,13 @@ struct AllReduceMHC::Impl {
   }
 
   // TP=1 with AllReduceMHCConfig::lamport_self_test: a forced Lamport protocol runs through this
-  // rank's own mailbox.
+  // rank's own mailbox (without mailboxes, the NCCL fallback forced, resolve() refuses it), and so
+  // does kAuto with lamport_self_test_auto where the mailboxes exist; else kAuto is the direct
+  // path, never NCCL (lamport_self_test_auto's promise).
   bool self_mailbox(Protocol forced) const {
     return comm->tp == 1 && cfg.lamport_self_test &&
            (forced == Protocol::kOneShot || forced == Protocol::kTwoShot ||
-            (forced == Protocol::kAuto && cfg.lamport_self_test_auto));
+            (forced == Protocol::kAuto && cfg.lamport_self_test_auto && comm->reachable));
   }
 
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {

@@ -132,6 +132,33 @@ TEST(Tuning, LoadingATableChangesProtocolForAsWritten) {
   EXPECT_TRUE(env().solo->usable());
 }
 
+// lamport_self_test_auto promises "never NCCL": with the NCCL fallback forced (no mailboxes),
+// kAuto at TP=1 is the direct path, and a forced Lamport protocol is refused (kUnsupported).
+TEST(Tuning, SelfTestAutoNeverNcclEvenWithTheFallbackForced) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  CommunicatorOptions o;
+  o.wait_timeout_ms = 20000;
+  o.force_nccl_fallback = true;
+  Communicator solo(Communicator::make_unique_id(), 0, 1, env().device, o);
+  AllReduceMHC op(solo, self_test_config(64, ""));
+  EXPECT_EQ(op.protocol_for(1, false), Protocol::kOneShot);
+  EXPECT_EQ(op.protocol_for(64, true), Protocol::kOneShot);
+  CallBuffers b(8, 5120, 4, 6);
+  const testing::Problem p = testing::make_problem(70001, 8, 5120, 4, 1, false);
+  testing::upload(p, 0, b);
+  testing::launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+  MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+  EXPECT_EQ(testing::check(p, Variant::kPlain, testing::download(p, Variant::kPlain, b)), "");
+  try {
+    testing::launch(op, p, Variant::kPlain, Protocol::kOneShot, b, env().device, env().stream);
+    ADD_FAILURE() << "a forced one-shot ran without mailboxes";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+  solo.check_errors();
+  EXPECT_TRUE(solo.usable());
+}
+
 // Every path gives the bits of the direct path, whichever thresholds a table (or the config) sets:
 // the automatic choice at TP=1 through the own mailbox under several tables, against the direct op.
 TEST(Tuning, EveryPathSameBitsWhicheverThresholds) {
