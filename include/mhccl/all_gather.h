@@ -23,7 +23,7 @@ class Communicator;
 // copy; the NCCL fallback an ncclAllGather of the bytes as they are.
 class LamportAllGather {
  public:
-  // rank_capacity_bytes: a positive multiple of 16, at most 2^40. Mailbox: 3 * tp * capacity
+  // rank_capacity_bytes: a positive multiple of 16, at most 2^35. Mailbox: 3.75 * tp * capacity
   // bytes per rank.
   LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes);
   ~LamportAllGather();

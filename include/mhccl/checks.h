@@ -14,7 +14,7 @@ namespace mhccl {
 
 constexpr int64_t kMaxHidden = 32768;  // a row on at most 8 CTAs (one cluster), 8 BF16 a thread
 constexpr int kMaxTopK = 16;
-constexpr int64_t kMaxAllGatherCapacity = int64_t{1} << 40;  // rank_capacity_bytes: sizes in range
+constexpr int64_t kMaxAllGatherCapacity = int64_t{1} << 35;  // 2^31 packs: LamportState::prev_rows, ErrorRecord::row
 constexpr int64_t kMaxTokens = int64_t{1} << 24;  // max_num_tokens: mailbox sizes stay far from 2^63
 constexpr int kMaxTp = 8;
 

@@ -496,8 +496,22 @@ void Communicator::Impl::check(bool report_routes) {
     e.theirs.w[i] = r->theirs.w[i];
   }
   r->epoch = epoch + 1;  // consumed: the next error of its kind may be recorded
+  // A peer the record names outside the group (a corrupted or foreign record) is no rank.
+  if (e.peer < 0 || e.peer >= tp) e.peer = -1;
+  const bool timeout_record = r == record + kernels::kTimeoutRecord;
   // Built without iostreams (see src/ops/checks.cpp).
   const std::string op = op_label(e.op);
+  const bool known = timeout_record ? (e.code == kernels::kPeerFault || e.code == kernels::kDivergence ||
+                                       e.code == kernels::kWaitTimeout)
+                                    : e.code == kernels::kBadRoute;
+  if (!known) {
+    // Never a route report: from an op's call that would reject the call on this rank only.
+    fail(ErrorCode::kUnusable, op + " on rank " + std::to_string(rank) + ": the kernels left an error record of unknown kind " +
+                                   std::to_string(e.code) + " (op " + std::to_string(e.op) + ", protocol " +
+                                   std::to_string(e.protocol) + "): a library mismatch or a corrupted record. The "
+                                   "communicator is unusable: destroy it and its ops and build them again",
+         ErrorContext{-1, static_cast<int64_t>(e.call), op});
+  }
   const std::string where = op + " (" + protocol_label(e.protocol) + ", call " + std::to_string(e.call) + ")";
   if (e.code == kernels::kPeerFault) {
     const uint32_t word = static_cast<uint32_t>(e.value);
@@ -513,7 +527,7 @@ void Communicator::Impl::check(bool report_routes) {
          ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   if (e.code == kernels::kWaitTimeout) {
-    const std::string peer = std::to_string(e.peer);
+    const std::string peer = e.peer >= 0 ? std::to_string(e.peer) : std::string("(unknown)");
     const std::string msg =
         op + " on rank " + std::to_string(rank) + ": waited for rank " + peer +
         " (" + protocol_label(e.protocol) + ", generation " + std::to_string(e.generation) + ", " +

@@ -607,7 +607,7 @@ int64_t check_all_reduce_mhc_finalize(const AllReduceMHCConfig& c, int device,
 
 void check_all_gather_config(int64_t cap) {
   if (cap <= 0 || cap % 16 != 0 || cap > kMaxAllGatherCapacity) {
-    invalid("rank_capacity_bytes: expected a positive multiple of 16, at most 2^40, got " +
+    invalid("rank_capacity_bytes: expected a positive multiple of 16, at most 2^35, got " +
             std::to_string(cap));
   }
 }

@@ -22,6 +22,8 @@ struct Model {
   int tp, generations;
   std::vector<int> rows;  // M of each call, the same sequence on every rank
   int two_shot_min;
+  bool contributions_reset_by_consumer = true;  // as the code: the consumer, the call's last kernel
+  bool reset_current_rows = false;              // negative control: reset with this call's M
   // slot -> tag of the call that wrote it; absent = sentinel.
   std::map<std::tuple<int, int, int, int, int>, int> slots;  // rank, buffer, gen, src, row
 
@@ -52,7 +54,7 @@ struct Model {
     const bool bt = two_shot(k);
     const int calls = bt ? s.calls_bt : s.calls_ll;
     const int gen = calls % generations, prev = (calls + generations - 1) % generations;
-    const int prev_rows = bt ? s.prev_bt : s.prev_ll;
+    const int prev_rows = reset_current_rows ? m : (bt ? s.prev_bt : s.prev_ll);
     auto add = [&](Action::Kind kind, int rank, int buf, int g, int src, int row, int needs = -1) {
       s.pending.push_back(Action{kind, rank, buf, g, src, row, needs});
     };
@@ -68,14 +70,18 @@ struct Model {
       if (s.phase == 0) {  // publish: row -> its owner's slot [gen][r][row / tp]
         for (int row = 0; row < m; ++row) add(Action::kStore, row % tp, kBT, gen, r, row / tp);
       } else if (s.phase == 1) {  // owner reduce: reset, poll owned rows, store sums everywhere
-        if (calls > 0) for (int src = 0; src < tp; ++src) for (int j = 0; j < owned(prev_rows, r); ++j)
-          add(Action::kReset, r, kBT, prev, src, j);
+        if (calls > 0 && !contributions_reset_by_consumer)
+          for (int src = 0; src < tp; ++src) for (int j = 0; j < owned(prev_rows, r); ++j)
+            add(Action::kReset, r, kBT, prev, src, j);
         for (int j = 0; j < owned(m, r); ++j) {
           for (int src = 0; src < tp; ++src) add(Action::kPoll, r, kBT, gen, src, j);
           for (int d = 0; d < tp; ++d) add(Action::kStore, d, kReduced, gen, 0, j * tp + r, j);
         }
       } else {  // consume: reset k-1's reduced rows, poll every reduced row
         if (calls > 0) for (int row = 0; row < prev_rows; ++row) add(Action::kReset, r, kReduced, prev, 0, row);
+        if (calls > 0 && contributions_reset_by_consumer)
+          for (int src = 0; src < tp; ++src) for (int j = 0; j < owned(prev_rows, r); ++j)
+            add(Action::kReset, r, kBT, prev, src, j);
         for (int row = 0; row < m; ++row) add(Action::kPoll, r, kReduced, gen, 0, row);
       }
     }
@@ -123,7 +129,20 @@ struct Model {
           if (enabled(s, s.pending[i])) choices.push_back({r, i});
         }
       }
-      if (all_done) return true;
+      if (all_done) {
+        // Every slot left holds the last call of its protocol (the one no later call resets):
+        // anything else was never reset (a store over it would come three calls later).
+        int last_ll = -1, last_bt = -1;
+        for (int k = 0; k < static_cast<int>(rows.size()); ++k) (two_shot(k) ? last_bt : last_ll) = k;
+        for (const auto& [key, tag] : slots) {
+          const int buffer = std::get<1>(key);
+          if (tag != (buffer == kLL ? last_ll : last_bt)) {
+            violation = "slot of call " + std::to_string(tag) + " never reset";
+            return false;
+          }
+        }
+        return true;
+      }
       if (choices.empty()) {
         violation = "deadlock";
         return false;
@@ -156,13 +175,16 @@ struct Model {
   }
 };
 
-std::string run_many(int tp, int generations, int schedules, uint64_t seed) {
+std::string run_many(int tp, int generations, int schedules, uint64_t seed, bool reset_current_rows = false,
+                     bool contributions_reset_by_consumer = true) {
   std::mt19937_64 rng(seed);
   for (int i = 0; i < schedules; ++i) {
     Model m;
     m.tp = tp;
     m.generations = generations;
     m.two_shot_min = 4;
+    m.reset_current_rows = reset_current_rows;
+    m.contributions_reset_by_consumer = contributions_reset_by_consumer;
     for (int k = 0; k < 24; ++k) m.rows.push_back(1 + static_cast<int>(rng() % 6));
     if (!m.run(rng)) return m.violation;
   }
@@ -182,5 +204,15 @@ TEST(ProtocolModel, TwoGenerationsFail) {
   EXPECT_NE(run_many(2, 2, 300, 11), "");
 }
 
+// The same model fails where a call resets with its own M instead of the previous call's (the
+// state's prev_rows): the end-state check then finds slots never reset.
+TEST(ProtocolModel, ResetWithThisCallsRowsFails) {
+  EXPECT_NE(run_many(2, 3, 300, 13, /*reset_current_rows=*/true), "");
+}
+// The code resets the two-shot contributions in the consumer (PROTOCOL.md I4); resetting them in
+// the owners' phase, as the model once did, holds too.
+TEST(ProtocolModel, OwnerResettingContributionsHoldsToo) {
+  for (int tp : {2, 4}) EXPECT_EQ(run_many(tp, 3, 200, 17 + tp, false, false), "") << tp;
+}
 }  // namespace
 }  // namespace mhccl

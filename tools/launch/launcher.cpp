@@ -68,10 +68,27 @@ Result run(const Options& opts) {
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t group = 0;
+  // A rank that cannot be started: the ranks already started are killed and reaped, nothing is left.
+  auto abandon = [&](const char* what) {
+    std::perror(what);
+    if (group > 0) killpg(group, SIGKILL);
+    for (Child& c : children) {
+      if (c.fd >= 0) close(c.fd);
+      if (c.pid > 0) waitpid(c.pid, nullptr, 0);
+    }
+    if (dir) std::filesystem::remove_all(dir);
+    res.exit_code = 1;
+    return res;
+  };
   for (int r = 0; r < n; ++r) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) { std::perror("mhccl-launch: pipe"); res.exit_code = 1; return res; }
+    if (pipe2(fds, O_CLOEXEC) != 0) return abandon("mhccl-launch: pipe");
     const pid_t pid = fork();
+    if (pid < 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return abandon("mhccl-launch: fork");
+    }
     if (pid == 0) {
       setpgid(0, group);
       dup2(fds[1], STDOUT_FILENO);

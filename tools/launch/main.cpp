@@ -2,16 +2,19 @@
 //   mhccl-launch [-n N] [--timeout SECONDS] [--grace SECONDS] [--no-prefix] -- PROGRAM [ARGS...]
 // Exit code: 0 when every rank passed, 77 when there are fewer GPUs than ranks (or every rank
 // skipped), 124 when the deadline passed, else the first failing rank's code.
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 namespace {
-// A whole non-negative number, or -1.
+// A whole number in [0, INT_MAX], or -1.
 long parse_count(const char* s) {
   char* end = nullptr;
+  errno = 0;
   const long v = std::strtol(s, &end, 10);
-  return (end == s || *end != '\0' || v < 0) ? -1 : v;
+  return (end == s || *end != '\0' || errno == ERANGE || v < 0 || v > INT_MAX) ? -1 : v;
 }
 }  // namespace
 

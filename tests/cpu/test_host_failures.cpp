@@ -1,0 +1,210 @@
+// Host code under failure: mhccl-launch when a rank cannot be started or -n is out of range,
+// the error records the kernels leave when a kind or a peer is out of range, and the
+// all-gather's capacity against the widths of the state and the records (found by an
+// adversarial review, 2026-12-04; each test failed on the code before its fix).
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "comm/communicator_impl.h"
+#include "kernels/params.h"
+#include "launch/launcher.h"
+#include "mhccl/checks.h"
+#include "mhccl/error.h"
+
+// fork() as the launcher (linked into this executable) sees it: the real one unless a test asks
+// for the n-th call to fail (as fork does under RLIMIT_NPROC or memory pressure).
+namespace {
+std::atomic<int> g_fail_fork_at{-1};
+std::atomic<int> g_forks{0};
+}  // namespace
+extern "C" pid_t fork() {
+  using Fork = pid_t (*)();
+  static Fork real = reinterpret_cast<Fork>(dlsym(RTLD_NEXT, "fork"));
+  const int at = g_fail_fork_at.load();
+  if (at >= 0 && g_forks.fetch_add(1) == at) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return real();
+}
+
+namespace mhccl {
+namespace {
+
+// Runs `body` in a child process; its exit code, or -1 if it did not end within `deadline_s`
+// (then it is killed with its process group).
+int in_child(int deadline_s, int (*body)()) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    _exit(body());
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(deadline_s);
+  for (;;) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (std::chrono::steady_clock::now() > end) {
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// --- tools/launch ------------------------------------------------------------------------------
+
+int launch_exit(const std::string& args) {
+  const int st = std::system((std::string(MHCCL_LAUNCH_BIN) + " " + args + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// -n is parsed as a long and cast to int: 4294967296 becomes 0 ("every GPU"), 4294967297 one
+// rank, 2147483648 INT_MIN (run() then sizes a vector by it: std::length_error, abort). Like
+// -n 0, each must be refused with exit code 2 (here, without a GPU, they "skip" with 77).
+TEST(LauncherFailures, RankCountsOutsideIntAreRefused) {
+  ASSERT_EQ(launch_exit("-n 0 -- true"), 2);
+  for (const char* n : {"4294967296", "4294967297", "2147483648", "9223372036854775807"}) {
+    EXPECT_EQ(launch_exit(std::string("-n ") + n + " -- true"), 2) << "-n " << n;
+  }
+}
+
+// A fork() that fails (EAGAIN) is not checked: the rank's pid is -1, and waitpid(-1, WNOHANG)
+// then reaps any other rank (or returns -1 == pid once none is left). Rank 1, never started,
+// is reported as exit 0 (the group "passed"), or another rank's status is stolen and run()
+// never returns. Expected: an error exit code, promptly.
+int fork_fails_for_rank_1() {
+  g_forks = 0;
+  g_fail_fork_at = 1;  // the second fork: rank 1
+  launch::Options o;
+  o.nprocs = 3;
+  o.argv = {"/bin/sh", "-c", "sleep 0.3; exit 0"};
+  o.timeout_s = 5;
+  const launch::Result r = launch::run(o);
+  g_fail_fork_at = -1;
+  // 0: the failure went unnoticed; 1: noticed.
+  return r.exit_code != 0 && r.rank_codes.at(1) != 0 ? 1 : 0;
+}
+TEST(LauncherFailures, ForkFailureIsAnErrorNotAPassOrAHang) {
+  const int got = in_child(30, fork_fails_for_rank_1);
+  EXPECT_NE(got, -1) << "run() did not return within 30 s (a rank's status was reaped by waitpid(-1))";
+  EXPECT_EQ(got, 1) << "a rank that was never started was reported as passed";
+}
+
+// pipe2() failing for a later rank (EMFILE) returns exit code 1 at once, leaving the ranks
+// already forked running, unreaped and unkilled (and the unique-id directory behind).
+int pipe_fails_midway() {
+  int open_fds = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) (void)e, ++open_fds;
+  const rlim_t lim = static_cast<rlim_t>(open_fds + 6);  // room for ~3 ranks' pipes
+  struct rlimit rl = {lim, lim};
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return 3;
+  launch::Options o;
+  o.nprocs = 32;
+  o.argv = {"/bin/sh", "-c", "exec sleep 3"};
+  const launch::Result r = launch::run(o);
+  if (r.exit_code == 0) return 4;
+  int status = 0;
+  const pid_t left = waitpid(-1, &status, WNOHANG);  // 0: a rank is still running
+  return left == -1 && errno == ECHILD ? 0 : 1;
+}
+TEST(LauncherFailures, PipeFailureLeavesNoRankRunning) {
+  EXPECT_EQ(in_child(30, pipe_fails_midway), 0) << "ranks forked before the failure were left running";
+}
+
+// --- error records (src/comm/communicator.cpp, Communicator::Impl::check) ----------------------
+
+class ErrorRecordDecoding : public ::testing::Test {
+ protected:
+  kernels::ErrorRecord records[2] = {};
+  Communicator::Impl im;
+  void SetUp() override {
+    im.rank = 0;
+    im.tp = 2;
+    im.record = records;
+    im.options.wait_timeout_ms = 1000;
+  }
+  void TearDown() override { im.record = nullptr; }
+  void record(int slot, uint32_t code, int peer, uint32_t op = kernels::kOpAllReduceCall,
+              uint32_t protocol = kernels::kProtoOneShot) {
+    kernels::ErrorRecord& r = records[slot];
+    r.code = code;
+    r.op = op;
+    r.protocol = protocol;
+    r.peer = peer;
+    r.generation = 1;
+    r.row = 3;
+    r.value = 0;
+    r.call = 9;
+    r.ready = r.epoch + 1;
+  }
+};
+
+// The timeout record (fatal: timeouts, faults, divergences) holding a kind the host does not
+// know (0, or a newer kernel's) falls through to the route report: an op's call (check(false),
+// which must never report routes) throws kInvalidRoute "expanded_idx_to_permuted_idx of row 3
+// holds 0", the record is consumed, and the communicator stays usable. Inside guarded_call
+// that rejection is counted on this rank only, so the next call becomes a divergence.
+TEST_F(ErrorRecordDecoding, UnknownKindInTheTimeoutRecordIsFatalNotARouteReport) {
+  for (const uint32_t code : {uint32_t{kernels::kNoError}, uint32_t{7}}) {
+    records[kernels::kTimeoutRecord] = {};
+    im.unusable = false;
+    record(kernels::kTimeoutRecord, code, 1);
+    ErrorCode got = ErrorCode::kInvalidArgument;
+    std::string what;
+    try {
+      im.check(false);
+    } catch (const Error& e) {
+      got = e.code();
+      what = e.what();
+    }
+    EXPECT_NE(got, ErrorCode::kInvalidRoute) << "code " << code << ": " << what;
+    EXPECT_EQ(what.find("expanded_idx_to_permuted_idx"), std::string::npos) << what;
+    EXPECT_TRUE(im.unusable) << "code " << code;
+  }
+}
+
+// A record naming a peer outside [0, tp) (a corrupted or foreign record) is reported as "waited
+// for rank 5" in a group of 2, with Error::peer() == 5.
+TEST_F(ErrorRecordDecoding, PeerOutsideTheGroupIsNotNamedAsARank) {
+  record(kernels::kTimeoutRecord, kernels::kWaitTimeout, 5);
+  try {
+    im.check(false);
+    ADD_FAILURE() << "nothing thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
+    EXPECT_EQ(std::string(e.what()).find("waited for rank 5"), std::string::npos) << e.what();
+    EXPECT_EQ(e.peer(), -1);
+  }
+}
+
+// --- LamportAllGather: widths (latent; needs a >= 32-64 GiB capacity a rank) -------------------
+
+// check_all_gather_config accepted up to 2^40 bytes (2^36 packs), but the all-gather kernel
+// keeps the packs to reset next call in LamportState::prev_rows (uint32: advance_if_last(...,
+// static_cast<uint32_t>(p.packs)), all_gather.cu) and reports a pack in ErrorRecord::row
+// (int32). At 2^32 packs (64 GiB) prev_rows wraps to 0: the next call of that generation finds
+// the old packs unreset (wrong bits, no error); from 2^31 packs errors name a wrong pack.
+TEST(AllGatherCapacity, LargestCapacityFitsTheStateAndRecordWidths) {
+  const int64_t max_packs = kMaxAllGatherCapacity / 16;
+  EXPECT_LE(max_packs, int64_t{UINT32_MAX}) << "LamportState::prev_rows";
+  EXPECT_LE(max_packs - 1, int64_t{INT32_MAX}) << "ErrorRecord::row (a pack index)";
+}
+
+}  // namespace
+}  // namespace mhccl
