@@ -20,7 +20,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Supp
                     Union)
 
 from . import _ops
-from ._errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError
+from ._errors import ArgumentTypeError, Error, InvalidArgumentError, NoDeviceError
 
 if TYPE_CHECKING:  # PyTorch is not a dependency: its types for the annotations only
     import torch
@@ -64,8 +64,9 @@ _INT64_MAX = 2**63 - 1
 
 def _is_boolish(value: Any) -> bool:
     """A bool, NumPy's bool_ or a bool tensor/array (which have __index__ and __float__). An int
-    is answered without getattr, which Dynamo cannot trace on a dynamic size (an int to it)."""
-    if isinstance(value, int):
+    or a float is answered without getattr, which Dynamo cannot trace on a dynamic size or a
+    dynamic float (an int or a float to it)."""
+    if isinstance(value, (int, float)):
         return isinstance(value, bool)
     return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
@@ -105,8 +106,12 @@ def _bool_arg(name: str, value: Any) -> bool:
 
 
 def _float_arg(name: str, value: Any) -> float:
-    """An int or float (not bool, not str, not a bool tensor) as a float."""
-    if _is_boolish(value) or isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+    """An int or float (not bool, not str, not a bool tensor, not a complex: NumPy's would give
+    its real part) as a float."""
+    # An int or a float first, without getattr (Dynamo cannot trace one on a dynamic float).
+    plain = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not plain and (_is_boolish(value) or isinstance(value, (str, bytes, complex)) or
+                      not hasattr(type(value), "__float__") or "complex" in str(getattr(value, "dtype", ""))):
         raise ArgumentTypeError(f"{name}: expected a float, got {type(value).__name__} {value!r}")
     try:
         return float(value)
@@ -147,7 +152,22 @@ def _tensor_arg(name: str, value: Any, optional: bool = False) -> Any:
     if not isinstance(value, torch.Tensor):
         want = "a torch.Tensor or None" if optional else "a torch.Tensor"
         raise ArgumentTypeError(f"{name}: expected {want}, got {type(value).__name__}")
+    # What DLPack cannot carry (the kernels read dense strided memory of a plain dtype): named here,
+    # not left to a conversion's own error.
+    if value.layout != torch.strided or value.is_nested:
+        kind = "nested" if value.is_nested else str(value.layout).replace("torch.", "")
+        raise InvalidArgumentError(f"{name}: expected a dense (strided) tensor, got a {kind} tensor")
+    if value.is_quantized or _is_opaque_dtype(value.dtype):
+        raise InvalidArgumentError(f"{name}: expected a tensor of a plain dtype, got {value.dtype}")
     return value
+
+
+def _is_opaque_dtype(dtype: Any) -> bool:
+    """A quantized dtype (torch.quint8, qint8, qint32, quint4x2, quint2x4: a tensor of one need
+    not be is_quantized, e.g. a uint8 tensor's .view) or torch's bits* dtypes: no DLPack dtype
+    carries them."""
+    name = str(dtype)
+    return name.startswith(("torch.quint", "torch.qint", "torch.bits"))
 
 
 def _pair_arg(name: str, value: Any) -> Tuple[Any, Any]:
@@ -379,7 +399,10 @@ def _device_index(device: Any) -> int:
     if text == "cuda":
         import torch
 
-        return int(torch.cuda.current_device())
+        try:
+            return int(torch.cuda.current_device())
+        except (RuntimeError, AssertionError) as e:  # no driver or no device: torch's own error
+            raise NoDeviceError(f"device: 'cuda' (the current CUDA device): no CUDA device ({e})") from e
     raise bad
 
 
@@ -418,7 +441,13 @@ def _group_layout(group: Any) -> Tuple[Any, int, int]:
     elif not isinstance(group, getattr(dist, "ProcessGroup", ())):
         raise ArgumentTypeError(f"group: expected a torch.distributed ProcessGroup or None, "
                                 f"got {type(group).__name__}")
-    return group, dist.get_world_size(group), dist.get_rank(group)
+    try:
+        tp, rank = dist.get_world_size(group), dist.get_rank(group)
+    except (ValueError, RuntimeError) as e:  # torch.distributed not (or no longer) initialized
+        raise InvalidArgumentError(f"group: torch.distributed cannot use it ({e})") from e
+    if rank < 0:
+        raise InvalidArgumentError(f"group: this process is not a member of it (a group of {tp} ranks)")
+    return group, tp, rank
 
 
 _MAX_WAIT_TIMEOUT_MS = 24 * 3600 * 1000  # the C++ bound (src/comm/communicator.cpp): a day
@@ -575,8 +604,18 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
     pairing wrongly from then on (SPEC.md, "Ranks that diverge get an error"). Not while
     torch.compile traces (no call is made then)."""
     comm = getattr(op, "_comm", None)  # None: an instance without its C++ side (the CPU tests')
-    if comm is None or _compiling():
+    if comm is None:
         return fn(*args, **kwargs)
+    if _compiling():
+        # A check of this package that raises while torch.compile traces the call: the trace
+        # ends in that error, and no call runs for the C++ op to count, so it is counted here,
+        # in a function torch.compile leaves out of the graph (run as it is, when the compiled
+        # code runs).
+        try:
+            return fn(*args, **kwargs)
+        except Error:
+            _note_rejected_while_compiled(op, comm)
+            raise
     before = comm.rejected_calls
     try:
         return fn(*args, **kwargs)
@@ -584,6 +623,19 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
         if comm.rejected_calls == before:
             comm.note_rejected_call(_rejection_stream(op))
         raise
+
+
+def _note_rejected_while_compiled(op: Any, comm: Any) -> None:
+    """The count of a call rejected while torch.compile traced it (``_counting_rejections``),
+    kept out of the compiled graph."""
+    import torch
+
+    def note() -> None:
+        comm.note_rejected_call(_rejection_stream(op))
+
+    # torch.compiler.disable is untyped in torch's annotations: taken as what it is here.
+    disable: Callable[[Callable[[], None]], Callable[[], None]] = getattr(torch.compiler, "disable")
+    disable(note)()
 
 
 def _rejection_stream(op: Any) -> int:
@@ -1081,8 +1133,15 @@ class LamportAllGather:
         self._handle = _ops.register_instance(self)
 
     def accepts(self, inp: Tensor) -> bool:
-        """Whether ``inp`` fits: 1 to 16 dimensions, 16 to ``rank_capacity_bytes`` bytes, a
-        multiple of 16 (what the call checks)."""
+        """Whether ``inp`` fits: a dense tensor of a plain dtype, 1 to 16 dimensions, 16 to
+        ``rank_capacity_bytes`` bytes, a multiple of 16 (what the call checks). False, not an
+        error, for a sparse, nested or quantized tensor or torch's bits* dtypes, which the call
+        refuses."""
+        import torch
+
+        if (isinstance(inp, torch.Tensor) and (inp.layout != torch.strided or inp.is_nested or inp.is_quantized
+                                               or _is_opaque_dtype(inp.dtype))):
+            return False
         inp = _tensor_arg("inp", inp)
         nbytes = inp.numel() * inp.element_size()
         return bool(1 <= inp.dim() <= 16 and 0 < nbytes <= self.rank_capacity_bytes

@@ -74,9 +74,10 @@ def register_instance(obj: Any) -> int:
     return handle
 
 
-def instance(handle: int) -> Any:
-    """The live instance of ``handle``; InvalidArgumentError when it is gone (or ``handle`` is no
-    int)."""
+def instance(handle: int, kind: str) -> Any:
+    """The live instance of ``handle``, an instance of the class named ``kind`` ("AllReduceMHC" or
+    "LamportAllGather"); InvalidArgumentError when it is gone, of the other kind, or ``handle``
+    is no int."""
     ref = None if isinstance(handle, bool) else _INSTANCES.get(handle)
     obj = ref() if ref is not None else None
     if obj is None:
@@ -84,6 +85,11 @@ def instance(handle: int) -> Any:
             f"mhccl: op handle {handle} names no live instance (the AllReduceMHC or "
             "LamportAllGather was destroyed, or the handle comes from another "
             "process)")
+    # By what the op reads of it (AllReduceMHC's row check, LamportAllGather's size check), so
+    # that a stand-in with both serves the tests of both.
+    if not hasattr(obj, {"AllReduceMHC": "_rows", "LamportAllGather": "_check_size"}[kind]):
+        raise InvalidArgumentError(
+            f"mhccl: op handle {handle} names a {type(obj).__name__}, not the {kind} this op takes")
     return obj
 
 
@@ -215,7 +221,7 @@ def _define() -> None:
                            protocol: str, residual_out: Tensor, layer_input: Optional[Tensor],
                            mxfp8_values: Optional[Tensor], mxfp8_scales: Optional[Tensor],
                            fp8_values: Optional[Tensor], fp8_scales: Optional[Tensor]) -> None:
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
         counted(op, op._launch_call, x, residual, post, comb, pre, norm_weight, eps, protocol,
                 residual_out, layer_input, mxfp8_values, mxfp8_scales, fp8_values, fp8_scales)
 
@@ -226,7 +232,7 @@ def _define() -> None:
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
-        checked_rows(instance(handle), "x", x, eps)
+        checked_rows(instance(handle, "AllReduceMHC"), "x", x, eps)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc", mutates_args=(),
@@ -235,7 +241,7 @@ def _define() -> None:
                        pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
                        protocol: str = "auto", with_mxfp8: bool = False,
                        with_fp8: bool = False) -> List[Tensor]:
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
 
         def run() -> List[Tensor]:
             outs = new_outputs(op, op._rows("x", x), x.device, pre is not None, with_mxfp8,
@@ -249,7 +255,7 @@ def _define() -> None:
     def _(handle: Any, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
           eps: Any, protocol: Any = "auto", with_mxfp8: Any = False, with_fp8: Any = False) -> Any:
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
         return new_outputs(op, checked_rows(op, "x", x, eps), x.device, pre is not None,
                            with_mxfp8, with_fp8, torch.empty)
 
@@ -266,7 +272,7 @@ def _define() -> None:
                                     mxfp8_scales: Optional[Tensor],
                                     fp8_values: Optional[Tensor],
                                     fp8_scales: Optional[Tensor]) -> None:
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
         counted(op, op._launch_finalize, gemm2_permuted, expert_weights,
                 expanded_idx_to_permuted_idx, shared_output, residual, post, comb, pre,
                 norm_weight, eps, protocol, residual_out, layer_input, mxfp8_values, mxfp8_scales,
@@ -283,7 +289,7 @@ def _define() -> None:
                     post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
-        checked_rows(instance(handle), "shared_output", shared_output, eps)
+        checked_rows(instance(handle, "AllReduceMHC"), "shared_output", shared_output, eps)
         return None
 
     @torch.library.custom_op("mhccl::all_reduce_mhc_finalize", mutates_args=(),
@@ -294,7 +300,7 @@ def _define() -> None:
                                 pre: Optional[Tensor], norm_weight: Optional[Tensor], eps: float,
                                 protocol: str = "auto", with_mxfp8: bool = False,
                                 with_fp8: bool = False) -> List[Tensor]:
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
 
         def run() -> List[Tensor]:
             m = op._rows("shared_output", shared_output)
@@ -314,7 +320,7 @@ def _define() -> None:
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
                     post=post, comb=comb, pre=pre, norm_weight=norm_weight)
-        op = instance(handle)
+        op = instance(handle, "AllReduceMHC")
         return new_outputs(op, checked_rows(op, "shared_output", shared_output, eps),
                            shared_output.device, pre is not None, with_mxfp8, with_fp8, torch.empty)
 
@@ -326,7 +332,7 @@ def _define() -> None:
     @torch.library.custom_op("mhccl::all_gather_out", mutates_args=("out",),
                              schema="(int handle, Tensor inp, Tensor(a!) out) -> ()")
     def all_gather_out(handle: int, inp: Tensor, out: Tensor) -> None:
-        op = instance(handle)
+        op = instance(handle, "LamportAllGather")
 
         def run() -> None:
             op._check_size(inp)
@@ -344,13 +350,13 @@ def _define() -> None:
     @all_gather_out.register_fake
     def _(handle: Any, inp: Any, out: Any) -> Any:
         same_device(inp=inp, out=out)
-        checked_gather(instance(handle), inp)
+        checked_gather(instance(handle, "LamportAllGather"), inp)
         return None
 
     @torch.library.custom_op("mhccl::all_gather", mutates_args=(),
                              schema="(int handle, Tensor inp) -> Tensor")
     def all_gather(handle: int, inp: Tensor) -> Tensor:
-        op = instance(handle)
+        op = instance(handle, "LamportAllGather")
 
         def run() -> Tensor:
             op._check_size(inp)
@@ -361,6 +367,6 @@ def _define() -> None:
 
     @all_gather.register_fake
     def _(handle: Any, inp: Any) -> Any:
-        op = instance(handle)
+        op = instance(handle, "LamportAllGather")
         checked_gather(op, inp)
         return gathered(op, inp, torch.empty)

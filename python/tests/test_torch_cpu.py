@@ -158,8 +158,9 @@ def test_dead_handle_raises(handle):
     dead = _ops.register_instance(obj)
     del obj
     with pytest.raises(RuntimeError, match=f"handle {dead} names no live instance"):
-        _ops.instance(dead)
-    assert _ops.instance(h) is handle[1]
+        _ops.instance(dead, "AllReduceMHC")
+    assert _ops.instance(h, "AllReduceMHC") is handle[1]
+    assert _ops.instance(h, "LamportAllGather") is handle[1]
 
 
 def _call_inputs(m, device, finalize, variant):
@@ -910,7 +911,7 @@ def test_bool_like_values_are_not_ints_or_floats():
     with pytest.raises(TypeError, match="^norm_eps: expected a float, got Tensor"):
         _api._float_arg("norm_eps", torch.zeros((), device="meta"))  # no value to read
     with pytest.raises(RuntimeError, match="names no live instance"):
-        _ops.instance(True)  # a bool is no handle
+        _ops.instance(True, "AllReduceMHC")  # a bool is no handle
 
     class DeviceLike:  # .type without .index: the current CUDA device, as for torch.device("cuda")
         type = "cuda"
@@ -1020,3 +1021,142 @@ def test_size_helpers_trace_with_a_dynamic_m():
         x = torch.zeros(m, 8)
         got, want = compiled(x), sizes(x)
         assert [(tuple(t.shape), t.stride()) for t in got] == [(tuple(t.shape), t.stride()) for t in want]
+
+
+# --- from an adversarial review of the Python layer (2026-12-04) --------------------------------
+
+class CountingComm:
+    """A communicator stand-in: its count of rejected calls (Communicator.rejected_calls)."""
+
+    def __init__(self):
+        self.rejected_calls = 0
+
+    def note_rejected_call(self, stream):
+        self.rejected_calls += 1
+
+
+@pytest.fixture
+def counting_op(monkeypatch):
+    _ops.ensure_registered()
+    comm, rec = CountingComm(), Recorder()
+    op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
+                        _op=rec, _device=0, _comm=comm)
+    monkeypatch.setattr(_api, "_stream", lambda d: 1234)
+    return op, comm, rec
+
+
+def _plain_inputs(m, post_cols=HC, x_cols=H):
+    bf = torch.bfloat16
+    return (torch.zeros(m, x_cols, dtype=bf), torch.zeros(m, HC, H, dtype=bf), torch.zeros(m, post_cols),
+            torch.zeros(m, HC, HC), torch.zeros(m, HC), torch.zeros(H, dtype=bf))
+
+
+@pytest.mark.parametrize("bad", ["eps nan", "post count", "x width"])
+def test_a_call_rejected_while_compiled_is_counted(counting_op, bad):
+    """SPEC.md, "Ranks that diverge": a call rejected on some ranks only (the caller caught the
+    error and went on) advances this rank's count of rejected calls, which the next call's
+    identity carries. Eagerly it always did; under torch.compile (fullgraph=False) the Python
+    checks raise while Dynamo traces, no call runs for the C++ op to count, and the count is
+    made outside the graph."""
+    op, comm, rec = counting_op
+    eps = float("nan") if bad == "eps nan" else 1e-6
+    args = _plain_inputs(3, post_cols=HC + 1 if bad == "post count" else HC, x_cols=H + 8 if bad == "x width" else H)
+    with pytest.raises(mhccl.InvalidArgumentError):
+        op(*args, eps)
+    assert comm.rejected_calls == 1  # eager
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: op(*a, eps), backend="aot_eager")
+    for i in (2, 3):
+        with pytest.raises(mhccl.InvalidArgumentError):
+            compiled(*args)
+        assert comm.rejected_calls == i
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_class_call_traces_with_fullgraph_when_eps_is_dynamic(recording_op, dynamic):
+    """USAGE.md: code calling the classes compiles with fullgraph=True. A dynamic eps (symbolic
+    float: dynamic=True, or automatic dynamic once eps changes) was untraceable in the argument
+    checks (a getattr on it)."""
+    op, rec = recording_op
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a, eps: op(*a, eps), backend="aot_eager", fullgraph=True, dynamic=dynamic)
+    for eps in (1e-6, 1e-5):
+        f(*_plain_inputs(3), eps=eps)
+    assert [args[6] for _, args in rec.calls] == [1e-6, 1e-5]
+
+
+@pytest.mark.parametrize("which", ["all_reduce_mhc", "all_gather"])
+def test_a_handle_of_the_other_kind_is_an_invalid_argument(which):
+    """_ops.py: a bad handle is an InvalidArgumentError; one of the other op kind was a bare
+    AttributeError."""
+    _ops.ensure_registered()
+    ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096)
+    ar = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64)
+    meta = [t.to("meta") for t in _plain_inputs(2)]
+    with pytest.raises(mhccl.InvalidArgumentError, match="not the (AllReduceMHC|LamportAllGather) this op takes"):
+        if which == "all_reduce_mhc":
+            torch.ops.mhccl.all_reduce_mhc(ag._handle, *meta, 1e-6)
+        else:
+            torch.ops.mhccl.all_gather(ar._handle, torch.zeros(4, 4, device="meta"))
+
+
+@pytest.mark.parametrize("kind", ["sparse x", "sparse post", "nested x", "quantized x"])
+def test_tensors_dlpack_cannot_carry_are_invalid_arguments(recording_op, kind):
+    """A sparse, nested or quantized tensor: an InvalidArgumentError naming the argument, before
+    anything reaches the C++ call (they were torch's RuntimeError, or nanobind's TypeError)."""
+    op, rec = recording_op
+    x, residual, post, comb, pre, w = _plain_inputs(2)
+    if kind == "sparse x":
+        x = x.to_sparse()
+    elif kind == "sparse post":
+        post = post.to_sparse()
+    elif kind == "nested x":
+        x = torch.nested.nested_tensor([torch.zeros(H, dtype=torch.bfloat16)] * 2)
+    else:
+        x = torch.quantize_per_tensor(x.float(), 1.0, 0, torch.quint8)
+    with pytest.raises(mhccl.InvalidArgumentError, match="^" + kind.split()[1]):
+        op(x, residual, post, comb, pre, w, 1e-6)
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize("dtype", ["quint8", "qint32", "bits16", "bits8"])
+def test_all_gather_accepts_what_the_call_takes(dtype):
+    """accepts() decides what the call takes (USAGE.md: gather(t) if gather.accepts(t) else
+    fallback(t)): False, not an error, for dtypes no DLPack dtype carries, which the call refuses."""
+    _ops.ensure_registered()
+    ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096)
+    t = torch.zeros(64, dtype=torch.uint8).view(getattr(torch, dtype))
+    assert ag.accepts(t) is False
+    with pytest.raises(mhccl.InvalidArgumentError, match="^inp: expected a tensor of a plain dtype"):
+        ag(t)
+
+
+def test_a_complex_eps_is_refused():
+    """norm_eps: a float >= 0. A NumPy complex was taken as its real part."""
+    np = pytest.importorskip("numpy")
+    for eps in (np.complex128(1e-6 + 1j), np.complex64(1e-6 + 0.5j), 1e-6 + 1j):
+        with pytest.raises(TypeError, match="^norm_eps: expected a float"):
+            _api._eps_arg("norm_eps", eps)
+
+
+def test_cuda_without_an_index_and_no_device_is_no_device_error():
+    """device='cuda' (the current device) on a machine without one: NoDeviceError, as device=0
+    (it was torch's RuntimeError)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    for device in ("cuda", torch.device("cuda")):
+        with pytest.raises(mhccl.NoDeviceError):
+            _api._device_index(device)
+
+
+def test_a_group_torch_distributed_cannot_use_is_an_invalid_argument():
+    """A ProcessGroup given while torch.distributed is not initialized: an InvalidArgumentError
+    naming group (it was torch's ValueError)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialized in this process")
+    pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
+    with pytest.raises(mhccl.InvalidArgumentError, match="^group: "):
+        _api._group_layout(pg)
