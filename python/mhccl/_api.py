@@ -157,17 +157,26 @@ def _tensor_arg(name: str, value: Any, optional: bool = False) -> Any:
     if value.layout != torch.strided or value.is_nested:
         kind = "nested" if value.is_nested else str(value.layout).replace("torch.", "")
         raise InvalidArgumentError(f"{name}: expected a dense (strided) tensor, got a {kind} tensor")
-    if value.is_quantized or _is_opaque_dtype(value.dtype):
+    if _is_opaque_dtype(value.dtype):
         raise InvalidArgumentError(f"{name}: expected a tensor of a plain dtype, got {value.dtype}")
     return value
+
+
+_OPAQUE_DTYPES: Optional[frozenset[Any]] = None
 
 
 def _is_opaque_dtype(dtype: Any) -> bool:
     """A quantized dtype (torch.quint8, qint8, qint32, quint4x2, quint2x4: a tensor of one need
     not be is_quantized, e.g. a uint8 tensor's .view) or torch's bits* dtypes: no DLPack dtype
-    carries them."""
-    name = str(dtype)
-    return name.startswith(("torch.quint", "torch.qint", "torch.bits"))
+    carries them. (A set lookup: every tensor argument of every call asks.)"""
+    global _OPAQUE_DTYPES
+    if _OPAQUE_DTYPES is None:  # by name (no dir(): Dynamo traces this the first time, maybe)
+        import torch
+
+        names = ("quint8", "qint8", "qint32", "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8",
+                 "bits16")
+        _OPAQUE_DTYPES = frozenset(d for d in (getattr(torch, n, None) for n in names) if d is not None)
+    return dtype in _OPAQUE_DTYPES
 
 
 def _pair_arg(name: str, value: Any) -> Tuple[Any, Any]:
