@@ -182,8 +182,14 @@ void init_common(Communicator::Impl& im) {
   MHCCL_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&im.fallback_progress_device), im.fallback_progress, 0));
   const int lsa = im.tp == 1 ? 1 : comm::lsa_team_size(im.comm);
   im.reachable = lsa == im.tp;
-  // Every rank takes the same path (Lamport or the NCCL fallback): the forced fallback agreed.
-  im.agree("Communicator", {{"force_nccl_fallback", im.options.force_nccl_fallback}, {"peers reachable", im.reachable}},
+  // Every rank takes the same path (Lamport or the NCCL fallback): the forced fallback agreed. The
+  // wait budget too: the record names the stalled rank only where the waits that wait for it
+  // expire first (a two-shot consumer's budget is twice its owners', I12b), on every rank alike.
+  im.agree("Communicator",
+           {{"force_nccl_fallback", im.options.force_nccl_fallback},
+            {"peers reachable", im.reachable},
+            {"wait_timeout_ms (CommunicatorOptions or MHCCL_WAIT_TIMEOUT_MS)",
+             static_cast<int64_t>(im.options.wait_timeout_ms)}},
            nullptr);
   if (im.options.force_nccl_fallback) im.reachable = false;
   im.alloc_window(Communicator::Impl::kFaultWindowBytes, 0u, im.reachable && im.tp > 1, im.fault_window);
