@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import OrderedDict, defaultdict
 
@@ -41,7 +42,9 @@ def load(files: list[str]) -> "OrderedDict[str, list[dict]]":
     """Build name -> one {key: us} per round, in the order the builds first appear."""
     builds: "OrderedDict[str, list[dict]]" = OrderedDict()
     for arg in files:
-        name, _, path = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        name, sep, path = arg.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):  # a path, which may hold "="
+            name, path = "", arg
         try:
             with open(path) as f:
                 doc = json.load(f)

@@ -610,16 +610,18 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
     conversions), the call is counted here: every rank's contribution to a call carries its
     count of rejected calls, so that a call rejected on some ranks only is an error on every
     rank at the next call (a RuntimeError from the C++ kDivergence) instead of the ranks' calls
-    pairing wrongly from then on (SPEC.md, "Ranks that diverge get an error"). Not while
-    torch.compile traces (no call is made then)."""
+    pairing wrongly from then on (SPEC.md, "Ranks that diverge get an error"). Under
+    torch.compile (fullgraph=False) a check that raises while Dynamo traces the call breaks the
+    graph there, and Dynamo runs this function eagerly instead (measured with torch 2.11): the
+    eager branch below counts it, once a call, as it counts an eager call's; where the trace
+    does not fall back so (non-strict torch.export runs the code "compiling"), the handler of
+    the compiling branch counts it, outside any graph."""
     comm = getattr(op, "_comm", None)  # None: an instance without its C++ side (the CPU tests')
     if comm is None:
         return fn(*args, **kwargs)
     if _compiling():
-        # A check of this package that raises while torch.compile traces the call: the trace
-        # ends in that error, and no call runs for the C++ op to count, so it is counted here,
-        # in a function torch.compile leaves out of the graph (run as it is, when the compiled
-        # code runs).
+        # No rejected_calls read here (a graph break on a valid call's trace); a check of this
+        # package that raises: counted by a function torch.compile leaves out of the graph.
         try:
             return fn(*args, **kwargs)
         except Error:
@@ -994,11 +996,17 @@ class AllReduceMHC:
         protocol = _str_arg("protocol", protocol)
         ops = _torch_ops()
         if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
+            if _compiling():  # here, not in the fake implementation: a rejection counted (_counting_rejections)
+                _ops.same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
             outs = ops.all_reduce_mhc(self._handle, x, residual, post, comb, pre, norm_weight, eps,
                                       protocol, False, False)
             return outs[0], (outs[1] if pre is not None else None)
         res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
             m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
+        if _compiling():  # as above
+            _ops.same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
+                             residual_out=res_out, layer_input=li, mxfp8_values=values, mxfp8_scales=scales,
+                             fp8_values=fp8_values, fp8_scales=fp8_scales)
         ops.all_reduce_mhc_out(self._handle, x, residual, post, comb, pre, norm_weight, eps,
                                protocol, res_out, li, values, scales, fp8_values, fp8_scales)
         return res_out, li
@@ -1048,13 +1056,21 @@ class AllReduceMHC:
             m, residual, post, comb, pre, norm_weight, norm_eps)
         protocol = _str_arg("protocol", protocol)
         ops = _torch_ops()
+        lead = dict(shared_output=shared_output, gemm2_permuted=gemm2_permuted, expert_weights=expert_weights,
+                    expanded_idx_to_permuted_idx=idx)
         if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
+            if _compiling():  # as in _call
+                _ops.same_device(**lead, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
             outs = ops.all_reduce_mhc_finalize(self._handle, gemm2_permuted, expert_weights, idx,
                                                shared_output, residual, post, comb, pre,
                                                norm_weight, eps, protocol, False, False)
             return outs[0], (outs[1] if pre is not None else None)
         res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
             m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
+        if _compiling():  # as in _call
+            _ops.same_device(**lead, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
+                             residual_out=res_out, layer_input=li, mxfp8_values=values, mxfp8_scales=scales,
+                             fp8_values=fp8_values, fp8_scales=fp8_scales)
         ops.all_reduce_mhc_finalize_out(self._handle, gemm2_permuted, expert_weights, idx,
                                         shared_output, residual, post, comb, pre, norm_weight,
                                         eps, protocol, res_out, li, values, scales, fp8_values,
@@ -1195,6 +1211,8 @@ class LamportAllGather:
         inp = _tensor_arg("inp", inp)
         if inp.dim() == 0:
             raise InvalidArgumentError("inp: expected at least one dimension, got a scalar")
+        if inp.dim() > 16:  # here too, not only in the fake implementation (as _call's devices)
+            raise InvalidArgumentError(f"inp: expected at most 16 dimensions, got {inp.dim()}")
         out: Tensor = _torch_ops().all_gather(self._handle, inp)  # checks the size (real and fake)
         return out
 

@@ -93,6 +93,21 @@ def instance(handle: int, kind: str) -> Any:
     return obj
 
 
+def same_device(**tensors: Optional[Any]) -> None:
+    """Every tensor argument on one device. For the fake implementations, which also run for meta
+    tensors among real ones (the dispatcher's Meta key outranks CUDA's), where a call would
+    otherwise launch nothing and raise nothing (say with a weight never materialized); and for the
+    classes while torch.compile traces them, where an error of a fake implementation reaches the
+    caller as torch's TorchRuntimeError, not counted as a rejected call."""
+    named = [(name, t) for name, t in tensors.items() if t is not None]
+    first, device = named[0][0], named[0][1].device
+    for name, t in named[1:]:
+        if t.device != device:
+            raise InvalidArgumentError(
+                f"{name}: expected a tensor on {device} ({first}'s device), "
+                f"got {t.device}")
+
+
 def _scale_bytes(m: int, hidden: int) -> int:
     # mxfp8_scale_bytes for fake tensors, where m may be symbolic.
     return 512 * ((m + 127) // 128) * ((hidden // _MXFP8_BLOCK + 3) // 4)
@@ -174,18 +189,6 @@ def _define() -> None:
             outs.append(empty((mp * groups,), dtype=torch.float32, device=device)
                         .as_strided((m, groups), (1, mp)))
         return outs
-
-    def same_device(**tensors: Optional[Tensor]) -> None:
-        """For the fake implementations: every tensor argument on one device. They also run for
-        meta tensors among real ones (the dispatcher's Meta key outranks CUDA's), where a call
-        would otherwise launch nothing and raise nothing (say with a weight never materialized)."""
-        named = [(name, t) for name, t in tensors.items() if t is not None]
-        first, device = named[0][0], named[0][1].device
-        for name, t in named[1:]:
-            if t.device != device:
-                raise InvalidArgumentError(
-                    f"{name}: expected a tensor on {device} ({first}'s device), "
-                    f"got {t.device}")
 
     def checked_rows(op: Any, name: str, lead: Tensor, eps: float) -> Any:
         """For the fake implementations: what the real ones check before any launch and that a

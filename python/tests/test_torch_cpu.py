@@ -1162,3 +1162,19 @@ def test_a_group_torch_distributed_cannot_use_is_an_invalid_argument():
     pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
     with pytest.raises(mhccl.InvalidArgumentError, match="^group: "):
         _api._group_layout(pg)
+
+
+def test_a_call_with_tensors_on_two_devices_rejected_while_compiled_is_counted(counting_op):
+    """Tensors on two devices (here a weight never materialized, on meta, among CPU tensors):
+    refused in the class while torch.compile traces, counted, an InvalidArgumentError; in the
+    fake implementation alone it reached the caller as torch's TorchRuntimeError, not counted."""
+    op, comm, rec = counting_op
+    x, residual, post, comb, pre, w = _plain_inputs(3)
+    w = w.to("meta")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: op(*a, 1e-6), backend="aot_eager")
+    for i in (1, 2):
+        with pytest.raises(mhccl.InvalidArgumentError, match="^norm_weight: expected a tensor on cpu"):
+            compiled(x, residual, post, comb, pre, w)
+        assert comm.rejected_calls == i
+    assert rec.calls == []

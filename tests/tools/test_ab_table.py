@@ -51,9 +51,14 @@ def main():
     assert rc == 0 and "| call | one-shot (own mailbox) | 1 | 64 | 11.00 | 10.00 (-1.00, -9.1%) | 0.00 |" in out, out
     assert "| 1 | 1 |" not in out and "finalize" not in out, out
 
-    # NAME=FILE overrides the commit recorded in the file.
+    # NAME=FILE overrides the commit recorded in the file; a path holding "=" is a path.
     rc, out = run(["x=" + a1, "y=" + b1])
     assert rc == 0 and "| x | y (vs x) | spread |" in out, out
+    eq_dir = os.path.join(d, "round=1")
+    os.mkdir(eq_dir)
+    c1 = bench_json(os.path.join(eq_dir, "c1.json"), "ccc", {1: 5.0}, 2.0)
+    rc, out = run([c1, a1])
+    assert rc == 0 and "| ccc | aaa (vs ccc) | spread |" in out, out
 
     rc, out = run(["--base", "nope", a1])
     assert rc == 2, out

@@ -119,7 +119,7 @@ VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions
     off.streaming_min_rows = 0;
     autocfg.tuning_file = o.tuning_file;
     std::unique_ptr<AllReduceMHC> op_on, op_off;
-    if (tp == 1 || lamport) {
+    if (lamport) {  // at TP=1 too, but where the NCCL fallback is forced (no mailboxes: refused)
       op_on = std::make_unique<AllReduceMHC>(comm, on);
       op_off = std::make_unique<AllReduceMHC>(comm, off);
     }
