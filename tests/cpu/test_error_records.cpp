@@ -52,6 +52,42 @@ class ErrorRecords : public ::testing::Test {
   }
 };
 
+// A timeout record (fatal: timeouts, faults, divergences) of a kind the host does not know (0,
+// or a newer kernel's) makes the communicator unusable. It is never a route report: from an
+// op's call (check(false), which never reports routes) that would reject the call on this rank
+// only, and the next call would become a divergence.
+TEST_F(ErrorRecords, UnknownKindInTheTimeoutRecordIsFatalNotARouteReport) {
+  for (const uint32_t code : {uint32_t{kernels::kNoError}, uint32_t{7}}) {
+    records[kernels::kTimeoutRecord] = {};
+    im.unusable = false;
+    kernel_records(records, kernels::kTimeoutRecord, code, 1, 0);
+    ErrorCode got = ErrorCode::kInvalidArgument;
+    std::string what;
+    try {
+      im.check(false);
+    } catch (const Error& e) {
+      got = e.code();
+      what = e.what();
+    }
+    EXPECT_NE(got, ErrorCode::kInvalidRoute) << "code " << code << ": " << what;
+    EXPECT_EQ(what.find("expanded_idx_to_permuted_idx"), std::string::npos) << what;
+    EXPECT_TRUE(im.unusable) << "code " << code;
+  }
+}
+
+// A record naming a peer outside [0, tp) (a corrupted or foreign record) names no rank.
+TEST_F(ErrorRecords, PeerOutsideTheGroupIsNotNamedAsARank) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, 5, 0);
+  try {
+    im.check(false);
+    ADD_FAILURE() << "nothing thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
+    EXPECT_EQ(std::string(e.what()).find("waited for rank 5"), std::string::npos) << e.what();
+    EXPECT_EQ(e.peer(), -1);
+  }
+}
+
 TEST_F(ErrorRecords, RouteReportsReachCheckErrorsOnlyAndOnce) {
   kernel_records(records, kernels::kRouteRecord, kernels::kBadRoute, -1, 1 << 20);
   EXPECT_NO_THROW(im.check(false));  // an op's own check leaves it
