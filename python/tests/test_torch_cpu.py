@@ -1025,20 +1025,12 @@ def test_size_helpers_trace_with_a_dynamic_m():
 
 # --- from an adversarial review of the Python layer (2026-12-04) --------------------------------
 
-class CountingComm:
-    """A communicator stand-in: its count of rejected calls (Communicator.rejected_calls)."""
-
-    def __init__(self):
-        self.rejected_calls = 0
-
-    def note_rejected_call(self, stream):
-        self.rejected_calls += 1
-
-
 @pytest.fixture
 def counting_op(monkeypatch):
+    from test_cpu import _CountingComm  # the communicator stand-in of the eager count's test
+
     _ops.ensure_registered()
-    comm, rec = CountingComm(), Recorder()
+    comm, rec = _CountingComm(), Recorder()
     op = _meta_instance(mhccl.AllReduceMHC, hidden_size=H, hc_mult=HC, top_k=TOP_K, capacity=64,
                         _op=rec, _device=0, _comm=comm)
     monkeypatch.setattr(_api, "_stream", lambda d: 1234)
