@@ -28,6 +28,7 @@ const char* protocol_label(uint32_t p) {
     case kernels::kProtoTwoShotOwner: return "two-shot (owner reduce)";
     case kernels::kProtoTwoShotReduced: return "two-shot (reduced rows)";
     case kernels::kProtoAllGather: return "all-gather";
+    case kernels::kProtoNccl: return "NCCL fallback";
   }
   return "?";
 }
@@ -66,8 +67,10 @@ std::string identity_text(const kernels::CallIdentity& id) {
   } else {
     t += std::string(" ") + variant_label(kernels::identity_variant(id)) + ", M=" + std::to_string(kernels::identity_size(id));
   }
-  t += ", generation " + std::to_string(kernels::identity_generation(id)) + ", after " +
-       std::to_string(kernels::identity_rejected(id)) + " rejected calls";
+  const bool nccl = kernels::identity_protocol(id) == kernels::kProtoNccl;
+  if (nccl && kernels::identity_row_width(id) != 0) t += ", H=" + std::to_string(kernels::identity_row_width(id));
+  t += (nccl ? ", fallback call " : ", generation ") + std::to_string(kernels::identity_generation(id)) +
+       (nccl ? " (mod 4)" : "") + ", after " + std::to_string(kernels::identity_rejected(id)) + " rejected calls";
   return t;
 }
 
@@ -90,15 +93,25 @@ std::string divergence_message(int rank, int peer, const std::string& where, con
                                                                : "the ranks called with different M at the same call";
   } else if (kernels::identity_variant(mine) != kernels::identity_variant(theirs)) {
     why = "the ranks asked for different outputs (variants) at the same call";
+  } else if (kernels::identity_row_width(mine) != kernels::identity_row_width(theirs)) {
+    why = "the ranks called ops of different hidden sizes at the same call (ops of one communicator share its "
+          "NCCL communicator on the fallback)";
+  } else if (kernels::identity_protocol(mine) == kernels::kProtoNccl &&
+             kernels::identity_generation(mine) != kernels::identity_generation(theirs)) {
+    why = "one rank made more calls of this op than the other (their counts of the op's fallback calls differ)";
   } else {
     why = "the ranks' calls no longer pair";
   }
   return where + " on rank " + std::to_string(rank) + ": rank " + std::to_string(peer) +
          "'s contribution carries another call's identity: this rank: " + identity_text(mine) + "; rank " +
          std::to_string(peer) + ": " + identity_text(theirs) + ". " + why +
-         ". The ranks of a group must make the same sequence of calls. No rank stores into a mailbox after this "
-         "(every rank of the group was told to stop); the communicator is unusable: destroy it and its ops and "
-         "build them again";
+         ". The ranks of a group must make the same sequence of calls. " +
+         (kernels::identity_protocol(mine) == kernels::kProtoNccl
+              ? std::string("Every rank of the group compares every rank's identity of this call (the NCCL "
+                            "fallback all-gathers them), so each finds it here; the outputs of this call are "
+                            "wrong")
+              : std::string("No rank stores into a mailbox after this (every rank of the group was told to stop)")) +
+         "; the communicator is unusable: destroy it and its ops and build them again";
 }
 }  // namespace comm
 
@@ -392,8 +405,9 @@ void Communicator::Impl::check_fallback() {
   if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
-void Communicator::Impl::fallback_mark(bool in, cudaStream_t stream) {
-  MHCCL_CUDA(kernels::launch_count_u32(fallback_progress_device + (in ? 0 : 1), stream));
+void Communicator::Impl::fallback_mark(bool in, kernels::FallbackParams& fp, cudaStream_t stream) {
+  fp.progress = fallback_progress_device;
+  MHCCL_CUDA(in ? kernels::launch_fallback_enter(fp, stream) : kernels::launch_fallback_leave(fp, stream));
   if (in && options.watchdog && !watchdog.joinable()) {
     // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
     const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
@@ -405,6 +419,20 @@ void Communicator::Impl::fallback_mark(bool in, cudaStream_t stream) {
       }
     });
   }
+}
+
+void Communicator::Impl::fallback_group(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
+                                        cudaStream_t stream, const char* what) {
+  char* ids = static_cast<char*>(fp.ids);
+  detail::check_nccl(ncclGroupStart(), what);
+  // Every operation is issued and the group closed even where one fails to enqueue (NCCL's
+  // group must end); the first failure is thrown after it.
+  ncclResult_t first = ncclAllGather(ids, ids + 16, 16, ncclUint8, comm, stream);
+  const ncclResult_t second = rows();
+  const ncclResult_t end = ncclGroupEnd();
+  if (first == ncclSuccess || first == ncclInProgress) first = second;
+  detail::check_nccl(first, what);
+  nccl_wait(end, what);
 }
 
 void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
@@ -525,11 +553,13 @@ void Communicator::Impl::check(bool report_routes) {
          ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   if (e.code == kernels::kDivergence) {
-    fail(ErrorCode::kDivergence,
-         comm::divergence_message(rank, e.peer, where + ", generation " + std::to_string(e.generation) + ", " +
-                                                    (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") +
-                                                    std::to_string(e.row),
-                                  e.mine, e.theirs),
+    // The NCCL fallback's check (PROTOCOL.md I19) has no generation or row: `call` is the op's
+    // count of fallback calls.
+    const std::string at = e.protocol == kernels::kProtoNccl
+                               ? where
+                               : where + ", generation " + std::to_string(e.generation) + ", " +
+                                     (e.protocol == kernels::kProtoAllGather ? "pack " : "row ") + std::to_string(e.row);
+    fail(ErrorCode::kDivergence, comm::divergence_message(rank, e.peer, at, e.mine, e.theirs),
          ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   if (e.code == kernels::kWaitTimeout) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -56,7 +57,7 @@ struct Communicator::Impl {
   // --- The NCCL fallback's watchdog (PROTOCOL.md, I20) --------------------------------------
   // An NCCL fallback call waits on the GPU, stream-ordered, where no host thread waits: a dead
   // peer would hold the stream (and any later host synchronization) for good. Each fallback
-  // call brackets its NCCL operation with two one-thread kernels that count into host-mapped
+  // call brackets its NCCL operations with two tiny kernels that count into host-mapped
   // words (entered, left), captured with it into a CUDA graph, so replays count too. The
   // watchdog (check_fallback: every op call and check_errors(), and a background thread once a
   // fallback call was made, unless options.watchdog is false) finds the counts unequal and
@@ -75,9 +76,17 @@ struct Communicator::Impl {
   std::string watchdog_reason;  // set before watchdog_tripped
   std::thread watchdog;
   std::atomic<bool> watchdog_stop{false};
-  // Counts a fallback call in (before its NCCL operation) or out (after it), stream-ordered;
-  // starts the watchdog thread at the first one.
-  void fallback_mark(bool in, cudaStream_t stream);
+  // Counts a fallback call in (before its NCCL operations) or out (after them), stream-ordered;
+  // starts the watchdog thread at the first one. The same kernels carry the call's identity
+  // (kernels/params.h, FallbackParams; PROTOCOL.md I19): in, this rank's is written into
+  // fp.ids[0]; out, every rank's (all-gathered by fallback_group) is checked against it. `fp`:
+  // its err, id, ids and tp set by the op (progress is set here).
+  void fallback_mark(bool in, kernels::FallbackParams& fp, cudaStream_t stream);
+  // The fallback's NCCL group, between the two marks: the identities' 16-byte ncclAllGather
+  // (fp.ids[0] into fp.ids[1, 1 + tp)) and then `rows` (the call's collective), issued in one
+  // ncclGroupStart/End so that they pair in this order on every rank; bounded like nccl_wait.
+  void fallback_group(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows, cudaStream_t stream,
+                      const char* what);
   // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
   void check_fallback();
   bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread

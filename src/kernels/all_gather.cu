@@ -110,10 +110,44 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
   advance_if_last(p.state, ticket, static_cast<uint32_t>(p.packs));
 }
 
-__global__ void count_u32_kernel(uint32_t* word) {
-  volatile uint32_t* w = word;
-  *w = *w + 1;
-  __threadfence_system();
+// The NCCL fallback's identity exchange (params.h, FallbackParams; PROTOCOL.md I19), one thread
+// before the group and one warp after it.
+__global__ void fallback_enter_kernel(const FallbackParams p) {
+  volatile uint32_t* entered = p.progress;
+  *entered = *entered + 1;
+  __threadfence_system();  // the watchdog reads it from the host
+  char* base = static_cast<char*>(p.ids);
+  volatile uint32_t* calls = reinterpret_cast<uint32_t*>(base + kFallbackCallsOffset);
+  const uint32_t n = *calls;
+  *calls = n + 1;
+  const uint32_t rejected = *const_cast<const volatile uint32_t*>(p.err.fault + 1);
+  const CallIdentity c = with_call_state(p.id, n, rejected);
+  uint4* ids = reinterpret_cast<uint4*>(base);
+  ids[0] = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
+  // The receive slots cleared: one the group leaves unwritten (its NCCL operation aborted by the
+  // watchdog, which reports kPeerTimeout) is not taken for another call's identity.
+  for (int s = 0; s < p.tp; ++s) ids[1 + s] = make_uint4(0, 0, 0, 0);
+}
+
+__global__ void fallback_leave_kernel(const FallbackParams p) {
+  const int s = static_cast<int>(threadIdx.x);
+  if (s == 0) {
+    volatile uint32_t* left = p.progress + 1;
+    *left = *left + 1;
+    __threadfence_system();
+  }
+  const uint4* ids = static_cast<const uint4*>(p.ids);
+  const uint4 mine = ids[0];
+  const uint4 theirs = s < p.tp ? ids[1 + s] : mine;
+  const bool delivered = (theirs.w >> 16) == kIdentityMagic;  // every identity carries it; a cleared slot does not
+  const bool differs = delivered && (theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w);
+  const uint32_t found = __ballot_sync(0xFFFFFFFFu, differs);
+  if (found == 0 || s != __ffs(found) - 1) return;
+  // The first rank whose identity differs: recorded on this rank, and the fault raised.
+  const uint32_t calls = *reinterpret_cast<const volatile uint32_t*>(static_cast<const char*>(p.ids) + kFallbackCallsOffset);
+  record_error(p.err, kDivergence, kProtoNccl, s, identity_generation(CallIdentity{{mine.x, mine.y, mine.z, mine.w}}),
+               0, 0, calls - 1, &mine, &theirs);
+  raise_fault(p.err, s, true);
 }
 
 // A rejected call's count (ErrorSink::fault + 1, device memory): atomic, since a rank's ops may
@@ -157,8 +191,9 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 
 cudaError_t preload_all_gather_kernels() {
   for (const void* fn : {reinterpret_cast<const void*>(all_gather_kernel), reinterpret_cast<const void*>(fill_u32_kernel),
-                         reinterpret_cast<const void*>(strided_copy_kernel), reinterpret_cast<const void*>(count_u32_kernel),
-                         reinterpret_cast<const void*>(count_rejected_kernel)}) {
+                         reinterpret_cast<const void*>(strided_copy_kernel),
+                         reinterpret_cast<const void*>(count_rejected_kernel), reinterpret_cast<const void*>(fallback_enter_kernel),
+                         reinterpret_cast<const void*>(fallback_leave_kernel)}) {
     cudaFuncAttributes attr;
     const cudaError_t st = cudaFuncGetAttributes(&attr, fn);
     if (st != cudaSuccess) return st;
@@ -170,8 +205,12 @@ cudaError_t preload_all_gather_kernels() {
 // left pending by an earlier CUDA call of the thread (cudaGetLastError would return, and clear,
 // that one: a rejected call's count then looked failed when the rejection's own cause was a
 // CUDA error).
-cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream) {
-  return launch_ex(count_u32_kernel, word, dim3(1), dim3(1), 0, stream, false);
+cudaError_t launch_fallback_enter(const FallbackParams& p, cudaStream_t stream) {
+  return launch_ex(fallback_enter_kernel, p, dim3(1), dim3(1), 0, stream, false);
+}
+
+cudaError_t launch_fallback_leave(const FallbackParams& p, cudaStream_t stream) {
+  return launch_ex(fallback_leave_kernel, p, dim3(1), dim3(32), 0, stream, false);
 }
 
 cudaError_t launch_count_rejected(uint32_t* word, cudaStream_t stream) {

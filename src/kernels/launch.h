@@ -75,9 +75,12 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 cudaError_t preload_all_reduce_mhc_kernels(int hc);
 cudaError_t preload_all_gather_kernels();
 
-// *word += 1 by one thread, stream-ordered (the NCCL fallback's progress counts, in host-mapped
-// memory; only this stream writes the word).
-cudaError_t launch_count_u32(uint32_t* word, cudaStream_t stream);
+// The NCCL fallback's identity exchange around its NCCL group (params.h, FallbackParams): one
+// thread that counts the call entered (the watchdog's progress counts, host-mapped; only this
+// stream writes them) and writes this rank's identity, and one warp that counts it left and
+// checks every rank's against it (kDivergence and the fault where one differs).
+cudaError_t launch_fallback_enter(const FallbackParams& p, cudaStream_t stream);
+cudaError_t launch_fallback_leave(const FallbackParams& p, cudaStream_t stream);
 // *word += 1 atomically, stream-ordered: a rank's count of rejected calls (device memory beside
 // its fault word; rejections on several streams lose no increment). Returns the launch's own
 // status, as every launcher here (never an error an earlier call left pending).

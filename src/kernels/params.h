@@ -25,7 +25,7 @@ constexpr int max_threads_per_cta(int hc) { return hc == 8 ? 512 : kMaxThreadsPe
 enum ErrorKind : uint32_t { kNoError = 0, kWaitTimeout = 1, kBadRoute = 2, kPeerFault = 3, kDivergence = 4 };
 enum OpKind : uint32_t { kOpAllGather = 1, kOpAllReduceCall = 2, kOpAllReduceFinalize = 3 };
 enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProtoTwoShotReduced = 3,
-                               kProtoAllGather = 4 };
+                               kProtoAllGather = 4, kProtoNccl = 5 };
 
 // --- Call identity (PROTOCOL.md, I19) ---------------------------------------------------------
 // What every rank's contribution to a call carries, so that no consumer uses rows of another
@@ -47,7 +47,10 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 //   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
 //   lanes 1-3: the size, 15 bits a lane (45 bits)
 //   lanes 4-5: the rejected count modulo 2^30
-//   lane 6: 0; lane 7: kIdentityMagic (a written header is never all zeros)
+//   lane 6: 0, but on the NCCL fallback's all-reduce: its row width H modulo 2^15 (with_row_width)
+//   lane 7: kIdentityMagic (a written header is never all zeros)
+// On the NCCL fallback (kProtoNccl: FallbackParams below) the "generation" is the op's count of
+// fallback calls modulo 4.
 struct CallIdentity {
   uint32_t w[4];
 };
@@ -74,7 +77,15 @@ MHCCL_HD constexpr CallIdentity with_rejected(CallIdentity id, uint32_t rejected
 MHCCL_HD constexpr CallIdentity with_call_state(CallIdentity id, uint32_t gen, uint32_t rejected) {
   return with_rejected(with_generation(id, gen), rejected);
 }
+// The NCCL fallback's all-reduce also carries its row width: ops of one communicator share its
+// NCCL communicator, so ranks calling two ops of different H at the same call would pair
+// collectives of different counts (the Lamport paths have a mailbox an op: they never pair).
+MHCCL_HD constexpr CallIdentity with_row_width(CallIdentity id, uint64_t h) {
+  id.w[3] = (id.w[3] & 0xFFFF0000u) | identity_lane(h, 0);
+  return id;
+}
 // The fields back (for error messages and tests).
+MHCCL_HD constexpr uint32_t identity_row_width(const CallIdentity& id) { return id.w[3] & 0x7FFFu; }
 MHCCL_HD constexpr uint32_t identity_op(const CallIdentity& id) { return id.w[0] & 3u; }
 MHCCL_HD constexpr uint32_t identity_protocol(const CallIdentity& id) { return (id.w[0] >> 2) & 7u; }
 MHCCL_HD constexpr uint32_t identity_variant(const CallIdentity& id) { return (id.w[0] >> 5) & 3u; }
@@ -207,6 +218,33 @@ struct LamportState {
   uint32_t arrived;
   uint32_t calls;
 };
+
+// The NCCL fallback's call identity (PROTOCOL.md, I19). Its calls publish into no mailbox, so
+// no call header can travel beside their rows: instead each rank's identity of the call is
+// all-gathered in the same NCCL group as the rows' collective (one more 16-byte ncclAllGather),
+// and every rank compares every rank's against its own. Two kernels bracket the group (they are
+// the watchdog's progress counts too, Communicator::Impl::fallback_mark):
+//  - fallback_enter: counts the call entered, takes the op's fallback call count, reads this
+//    rank's rejected count (ErrorSink::fault + 1, in stream order, as the Lamport kernels do),
+//    writes with_call_state(id, calls, rejected) into ids[0], the all-gather's send buffer, and
+//    clears the receive slots;
+//  - fallback_leave: counts the call left, then compares ids[1 + s] (rank s's, the receive
+//    buffer) with ids[0] for every s < tp; the first that differs records kDivergence naming
+//    rank s and raises the fault, as a Lamport consumer's check_header does. A slot still
+//    cleared (no kIdentityMagic) was not delivered: only the watchdog's abort of a stuck NCCL
+//    operation does that, and it reports kPeerTimeout; it is not called a divergence.
+// Every rank sees every rank's identity, so where one rank diverged every rank finds it at that
+// call. Device memory of an op (fallback_ids_bytes): ids[0] this rank's, ids[1, 1 + kMaxTp)
+// every rank's, then the op's call count (one uint32, zeroed at allocation).
+struct FallbackParams {
+  ErrorSink err;
+  CallIdentity id;     // the host's part: op, kProtoNccl, variant, M (all-gather: packs), row width
+  uint32_t* progress;  // the communicator's watchdog progress counts [entered, left] (host-mapped)
+  void* ids;           // the op's identity buffer (above)
+  int tp;
+};
+constexpr int64_t kFallbackCallsOffset = 16 * (1 + kMaxTp);  // bytes: the op's call count
+MHCCL_HD constexpr int64_t fallback_ids_bytes() { return kFallbackCallsOffset + 16; }
 
 // How a row of np 16-byte packs maps onto CTAs: ctas_per_row CTAs (a thread-block cluster when
 // > 1), each of `threads` threads covering packs_per_cta packs (a multiple of 4, so an MXFP8

@@ -22,10 +22,11 @@ struct LamportAllGather::Impl {
   std::unique_ptr<SymmetricBuffer> mailbox;  // [gen][source rank][capacity bytes]
   kernels::LamportState* state = nullptr;
   void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
+  void* fallback_ids = nullptr;  // NCCL fallback: the call identities (kernels::fallback_ids_bytes)
   int packs_per_cta = 0;    // launch shape; 0: default (MHCCL_ALLGATHER_PACKS_PER_CTA overrides)
 
   ~Impl() {
-    if (comm) comm->release({state, staging});
+    if (comm) comm->release({state, staging, fallback_ids});
   }
 };
 
@@ -61,6 +62,10 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
           kernels::kWordSentinel);
       MHCCL_CUDA(cudaMalloc(&im.state, sizeof(kernels::LamportState)));
       MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
+      im.comm->setup_wait("LamportAllGather construction");
+    } else if (im.comm->tp > 1) {  // the NCCL fallback: its identity buffer, the call count zeroed
+      MHCCL_CUDA(cudaMalloc(&im.fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
+      MHCCL_CUDA(cudaMemsetAsync(im.fallback_ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), im.comm->setup_stream));
       im.comm->setup_wait("LamportAllGather construction");
     }
     MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
@@ -138,13 +143,20 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     }
     void* dst = static_cast<char*>(out.data) + out.byte_offset;
     if (c.tp > 1 && !c.reachable) {  // NCCL fallback: every byte as sent, as on the Lamport path
-        std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
+      // The call's identity travels in the same NCCL group (PROTOCOL.md I19), and the marks
+      // around it are the watchdog's progress counts (NCCL's wait has no budget of its own).
+      kernels::FallbackParams fp = {};
+      fp.err = c.sink(kernels::kOpAllGather);
+      fp.id = kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0, static_cast<uint64_t>(bytes / 16));
+      fp.ids = im.fallback_ids;
+      fp.tp = c.tp;
+      std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
       if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "LamportAllGather: the NCCL communicator was aborted");
-      c.fallback_mark(true, stream);  // the watchdog's progress counts: NCCL's wait has no budget of its own
+      c.fallback_mark(true, fp, stream);
       launched = true;
-      c.nccl_wait(ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream),
-                  "ncclAllGather of the NCCL fallback");
-      c.fallback_mark(false, stream);
+      c.fallback_group(fp, [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
+                       stream, "ncclAllGather of the NCCL fallback");
+      c.fallback_mark(false, fp, stream);
       return;
     }
     kernels::AllGatherParams p = {};

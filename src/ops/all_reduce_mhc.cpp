@@ -86,6 +86,7 @@ struct AllReduceMHC::Impl {
   // ConsumerParams::row_tickets): one word, zero between calls.
   uint32_t* row_tickets = nullptr;
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
+  void* fallback_ids = nullptr;             // NCCL fallback: the call identities (kernels::fallback_ids_bytes)
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
   // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows;
   // TP=1 finalize) and variant (plain, mxfp8, residual_only, fp8): the minimum over the ranks of
@@ -102,7 +103,7 @@ struct AllReduceMHC::Impl {
   tuning::Resolved resolved;  // the configuration as agreed, and where its values came from
 
   ~Impl() {
-    if (comm) comm->release({states, fallback_rows, row_tickets});
+    if (comm) comm->release({states, fallback_rows, fallback_ids, row_tickets});
   }
 
   // The configuration checked (check_all_reduce_mhc_config) and resolved (src/ops/tuning.h):
@@ -229,7 +230,13 @@ struct AllReduceMHC::Impl {
                   "protocol nccl: its buffer is allocated by the first NCCL-path call, which must "
                   "not be under CUDA-graph capture; make one such call before capturing");
     }
-    MHCCL_CUDA(cudaMalloc(&fallback_rows, cfg.max_num_tokens * cfg.hidden_size * 2));
+    alloc_fallback(static_cast<size_t>(cfg.max_num_tokens * cfg.hidden_size * 2), stream);
+  }
+  // The NCCL path's rows and its identity buffer (its call count zeroed, in order on `stream`).
+  void alloc_fallback(size_t row_bytes_total, cudaStream_t stream) {
+    MHCCL_CUDA(cudaMalloc(&fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
+    MHCCL_CUDA(cudaMemsetAsync(fallback_ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), stream));
+    MHCCL_CUDA(cudaMalloc(&fallback_rows, row_bytes_total));
   }
 
   // The launch shape of a call of m rows, from rank-invariant inputs only (but for owner_groups):
@@ -338,7 +345,7 @@ struct AllReduceMHC::Impl {
     for (const auto* buf : {ll_mailbox.get(), bt_mailbox.get(), bt_reduced.get()}) {
       if (buf) b += buf->bytes();
     }
-    if (fallback_rows) b += static_cast<size_t>(cfg.max_num_tokens * cfg.hidden_size * 2);
+    if (fallback_rows) b += static_cast<size_t>(cfg.max_num_tokens * cfg.hidden_size * 2 + kernels::fallback_ids_bytes());
     return b;
   }
 
@@ -476,15 +483,25 @@ struct AllReduceMHC::Impl {
         src = fallback_rows;
       }
       // Bracketed by the watchdog's progress counts (Communicator::Impl::fallback_mark): NCCL's
-      // wait for a peer has no budget of its own.
+      // wait for a peer has no budget of its own. The marks and the group carry the call's
+      // identity (PROTOCOL.md I19: every rank checks every rank's; H too, since ops share the
+      // NCCL communicator).
+      kernels::FallbackParams fp = {};
+      fp.err = cp.err;
+      fp.id = kernels::with_row_width(
+          kernels::make_call_identity(op, kernels::kProtoNccl, static_cast<uint32_t>(variant), static_cast<uint64_t>(m)),
+          static_cast<uint64_t>(cfg.hidden_size));
+      fp.ids = fallback_ids;
+      fp.tp = c.tp;
       std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
       if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "protocol nccl: the NCCL communicator was aborted");
-      c.fallback_mark(true, stream);
+      c.fallback_mark(true, fp, stream);
       launched = true;
-      c.nccl_wait(ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size), ncclBfloat16, ncclSum,
-                                c.comm, stream),
-                  "ncclAllReduce of the NCCL fallback");
-      c.fallback_mark(false, stream);
+      c.fallback_group(fp, [&] {
+        return ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size), ncclBfloat16, ncclSum, c.comm,
+                             stream);
+      }, stream, "ncclAllReduce of the NCCL fallback");
+      c.fallback_mark(false, fp, stream);
       cp.in = fallback_rows;
     }
     launch(kernels::launch_consumer(cp, cfg.hc_mult, s.input, variant, stream, pdl), "launch of the consumer");
@@ -635,12 +652,12 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
                                            kernels::kBf16SentinelPair);
     }
     if (cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows)) {  // the automatic choice takes NCCL
-      MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
+      im.alloc_fallback(static_cast<size_t>(cap * row_bytes), c.setup_stream);
     }
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
   } else if (c.tp > 1) {
-    MHCCL_CUDA(cudaMalloc(&im.fallback_rows, static_cast<size_t>(cap * row_bytes)));
+    im.alloc_fallback(static_cast<size_t>(cap * row_bytes), c.setup_stream);
   }
   c.setup_wait("AllReduceMHC construction");  // the fills and zeroed words above
 }

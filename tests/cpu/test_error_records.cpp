@@ -168,6 +168,32 @@ TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
   EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
 }
 
+// A divergence the NCCL fallback's check found (kProtoNccl): named like the Lamport ones, at the
+// op's fallback call count, with no generation or row (it has neither).
+TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
+  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
+  records[kernels::kTimeoutRecord].call = 9;
+  const kernels::CallIdentity host = kernels::with_row_width(
+      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 64), 5120);
+  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 9, 0);
+  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 9, 1);
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no divergence reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("(NCCL fallback, call 9)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("row 7"), std::string::npos) << msg;
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.call_index(), 9);
+  }
+  EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
+}
+
 // A divergence another rank found, seen here as its fault: kDivergence naming that rank.
 TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 3, kernels::fault_word(3, 0, true));

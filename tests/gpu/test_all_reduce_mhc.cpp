@@ -19,6 +19,7 @@
 #include "gpu_env.h"
 #include "kernels/launch.h"
 #include "common/mhc_harness.h"
+#include "mhccl/all_gather.h"
 #include "mhccl/checks.h"
 #include "mhccl/communicator.h"
 #include "mhccl/error.h"
@@ -957,6 +958,113 @@ TEST(ConfigAgreement, MismatchThrowsOnEveryRankNamingTheField) {
   MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
   EXPECT_EQ(testing::check(p, Variant::kResidualOnly, download(p, Variant::kResidualOnly, b)), "");
   env().barrier();
+}
+
+// The NCCL fallback's call identity (PROTOCOL.md I19), on two GPUs with the fallback forced, for
+// the call, the finalize and the all-gather, each on a fresh communicator: two checked calls;
+// a call rejected on every rank alike (no error, the next call right on both); then rank 1
+// rejects its call 4 (and catches it) while rank 0's goes through, and both make one more call.
+// Rank 0's call 4 pairs with rank 1's call 5 in NCCL: both ranks report an error (kDivergence on
+// rank 1, whose call completed on rank 0's data; rank 0's last call has no partner, so its
+// error is that divergence, or a kPeerTimeout from the watchdog's bound on NCCL's wait), and
+// neither returns a wrong value without one. Before I19 reached the fallback, rank 1 summed rank
+// 0's call 4 into its call 5 with no error.
+TEST(NcclFallback, CallRejectedOnOneRankGetsAnError) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (!env().world) GTEST_SKIP() << "needs 2 ranks: run under mhccl-launch -n 2";
+  enum class Kind { kCall, kFinalize, kAllGather };
+  for (const Kind kind : {Kind::kCall, Kind::kFinalize, Kind::kAllGather}) {
+    const char* what = kind == Kind::kCall ? "call" : kind == Kind::kFinalize ? "finalize" : "all-gather";
+    SCOPED_TRACE(what);
+    CommunicatorOptions o;
+    o.wait_timeout_ms = 2000;
+    o.force_nccl_fallback = true;
+    std::unique_ptr<Communicator> c = make_world_communicator(o);
+    const int tp = c->tp(), rank = c->rank();
+    ASSERT_FALSE(c->peers_reachable()) << "the fallback was forced";
+    const bool fin = kind == Kind::kFinalize;
+    AllReduceMHC op(*c, config(5120, 4, 64, 65));
+    LamportAllGather ag(*c, 4096);
+    CallBuffers b(80, 5120, 4, 6);
+    testing::DeviceBuffer d_in(4096 + 64), d_out(8 * (4096 + 64));
+    // One call (seed `seed`): launched, not synchronized. `bad`: one this rank rejects (M above
+    // the capacity, or bytes above it).
+    auto issue = [&](uint64_t seed, bool bad) {
+      if (kind == Kind::kAllGather) {
+        const int64_t bytes = bad ? 4096 + 16 : 1024;
+        std::vector<uint8_t> in(static_cast<size_t>(bytes));
+        std::mt19937_64 rng(seed * 7 + rank);
+        for (auto& v : in) v = static_cast<uint8_t>(rng());
+        d_in.upload(in);
+        Desc din(d_in.get(), testing::kU8, {bytes}, env().device);
+        Desc dout(d_out.get(), testing::kU8, {bytes * tp}, env().device);
+        ag.call(din.t, dout.t, env().stream);
+      } else {
+        const Problem p = testing::make_problem(seed, bad ? 65 : 8, 5120, 4, tp, fin);
+        upload(p, rank, b);
+        launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+      }
+    };
+    // Whether the last good call of seed `seed` is right on this rank.
+    auto right = [&](uint64_t seed) {
+      if (kind == Kind::kAllGather) {
+        std::vector<uint8_t> want;
+        for (int r = 0; r < tp; ++r) {
+          std::mt19937_64 rng(seed * 7 + r);
+          for (int i = 0; i < 1024; ++i) want.push_back(static_cast<uint8_t>(rng()));
+        }
+        return d_out.download<uint8_t>(want.size()) == want;
+      }
+      const Problem p = testing::make_problem(seed, 8, 5120, 4, tp, fin);
+      return check(p, Variant::kPlain, download(p, Variant::kPlain, b)).empty();
+    };
+    const uint64_t base = 62000 + 100 * static_cast<uint64_t>(kind);
+    for (uint64_t i = 0; i < 2; ++i) {
+      issue(base + i, false);
+      MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+      EXPECT_TRUE(right(base + i)) << "call " << i;
+    }
+    EXPECT_THROW(issue(base + 10, true), Error) << "rejected on every rank";
+    issue(base + 2, false);
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+    EXPECT_TRUE(right(base + 2)) << "after a call rejected on every rank";
+    EXPECT_NO_THROW(c->check_errors());
+    // Rank 1 rejects its call 4; rank 0's goes through. Then both make one more.
+    if (rank == 1) {
+      EXPECT_THROW(issue(base + 3, true), Error);
+    } else {
+      issue(base + 3, false);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    bool raised = false;
+    ErrorCode code = ErrorCode::kInvalidArgument;
+    try {
+      issue(base + 4, false);  // rank 0 may already hold the divergence and throw it here
+    } catch (const Error& e) {
+      raised = true;
+      code = e.code();
+    }
+    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));  // rank 0's last call: bounded by the watchdog
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 20.0);
+    if (!raised) {
+      try {
+        c->check_errors();
+      } catch (const Error& e) {
+        raised = true;
+        code = e.code();
+        std::printf("rank %d, %s: %s\n", rank, what, e.what());
+      }
+    }
+    EXPECT_TRUE(raised) << "rank " << rank << ": no error after its calls stopped pairing";
+    if (rank == 1) {
+      EXPECT_EQ(code, ErrorCode::kDivergence);
+    } else {
+      EXPECT_TRUE(code == ErrorCode::kDivergence || code == ErrorCode::kPeerTimeout) << static_cast<int>(code);
+    }
+    EXPECT_FALSE(c->usable());
+    env().barrier();
+  }
 }
 
 }  // namespace

@@ -1033,6 +1033,116 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
   }
 }
 
+// The NCCL fallback's identity exchange (kernels/params.h, FallbackParams; PROTOCOL.md I19) at
+// TP = 2, 4 and 8 on one GPU: each simulated rank's fallback_enter and fallback_leave kernels,
+// with the NCCL group's 16-byte all-gather of the identities done by copies between the ranks'
+// buffers (what ncclAllGather delivers; two NCCL ranks cannot share one GPU). Calls that pair
+// leave no record; where one rank diverges (a call rejected on it alone, another M, an op of
+// another H, one call more), every rank records kDivergence at that call, naming the diverged
+// rank (which names rank 0, or 1 where it is rank 0), with both identities; every fault word is
+// raised with the divergence kind; and the calls before it left no record. A slot the group left
+// unwritten (what an aborted NCCL operation leaves: the previous call's identity is cleared by
+// the enter kernel) is no divergence.
+TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
+  const int tp = GetParam();
+  const cudaStream_t st = env().stream;
+  enum class Diverge { kNone, kRejected, kOtherM, kOtherH, kExtraCall, kRejectedEverywhere, kNotDelivered };
+  const std::pair<Diverge, const char*> scenarios[] = {
+      {Diverge::kNone, "none"}, {Diverge::kRejected, "rejected on one rank"}, {Diverge::kOtherM, "another M"},
+      {Diverge::kOtherH, "another H"}, {Diverge::kExtraCall, "one call more"},
+      {Diverge::kRejectedEverywhere, "rejected on every rank"},
+      {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted group)"}};
+  for (const auto& [how, what] : scenarios) {
+    SCOPED_TRACE(std::string(what) + ", tp " + std::to_string(tp));
+    SimCommunicator comm(tp, 10'000'000'000ull);
+    const int odd = how == Diverge::kExtraCall ? 0 : tp - 1;  // the rank that diverges
+    std::vector<DeviceBuffer> ids, progress;
+    for (int r = 0; r < tp; ++r) {
+      ids.emplace_back(static_cast<size_t>(fallback_ids_bytes()));
+      progress.emplace_back(8);
+      MHCCL_TEST_CUDA(cudaMemset(ids.back().get(), 0, ids.back().bytes()));
+      MHCCL_TEST_CUDA(cudaMemset(progress.back().get(), 0, 8));
+    }
+    constexpr int kCalls = 4, kDivergeAt = 2;
+    for (int call = 0; call < kCalls; ++call) {
+      const bool diverges = how != Diverge::kNone && how != Diverge::kRejectedEverywhere && how != Diverge::kNotDelivered;
+      const bool here = diverges && call == kDivergeAt;
+      if (call == kDivergeAt && how == Diverge::kRejected) comm.sinks[odd]->count_rejected(st);
+      if (call == kDivergeAt && how == Diverge::kRejectedEverywhere) {
+        for (int r = 0; r < tp; ++r) comm.sinks[r]->count_rejected(st);
+      }
+      std::vector<FallbackParams> fp(tp);
+      for (int r = 0; r < tp; ++r) {
+        const uint64_t m = here && how == Diverge::kOtherM && r == odd ? 7 : 8;
+        const uint64_t h = here && how == Diverge::kOtherH && r == odd ? 4096 : 5120;
+        fp[r].err = comm.sinks[r]->sink;
+        fp[r].id = with_row_width(make_call_identity(kOpAllReduceCall, kProtoNccl, 0, m), h);
+        fp[r].progress = progress[r].as<uint32_t>();
+        fp[r].ids = ids[r].get();
+        fp[r].tp = tp;
+        // One call more on `odd`: a call its peers did not make (its NCCL group would pair with
+        // their next call); its enter kernel advances its call count.
+        if (here && how == Diverge::kExtraCall && r == odd) MHCCL_TEST_CUDA(launch_fallback_enter(fp[r], st));
+        MHCCL_TEST_CUDA(launch_fallback_enter(fp[r], st));
+      }
+      for (int r = 0; r < tp; ++r) {  // the all-gather: rank s's ids[0] into every rank's ids[1 + s]
+        for (int s = 0; s < tp; ++s) {
+          if (how == Diverge::kNotDelivered && call == kDivergeAt && s == odd && r != odd) continue;
+          MHCCL_TEST_CUDA(cudaMemcpyAsync(ids[r].as<char>() + 16 * (1 + s), ids[s].get(), 16, cudaMemcpyDeviceToDevice, st));
+        }
+      }
+      for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch_fallback_leave(fp[r], st));
+      MHCCL_TEST_CUDA(cudaStreamSynchronize(st));
+      for (int r = 0; r < tp; ++r) {
+        const ErrorRecord t = comm.sinks[r]->timeout();
+        const bool expect = diverges && call >= kDivergeAt;
+        if (!expect) {
+          EXPECT_NE(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": a record, code " << t.code;
+          EXPECT_EQ(comm.sinks[r]->fault(), 0u) << "call " << call << ", rank " << r;
+          continue;
+        }
+        ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
+        EXPECT_EQ(t.code, kDivergence) << "rank " << r;
+        EXPECT_EQ(t.protocol, kProtoNccl) << "rank " << r;
+        // The op's fallback call count at the first call that diverged (on `odd`, one more for
+        // its extra call).
+        EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt + (how == Diverge::kExtraCall && r == odd ? 1 : 0)))
+            << "rank " << r;
+        EXPECT_EQ(t.peer, r != odd ? odd : (odd == 0 ? 1 : 0)) << "rank " << r;
+        EXPECT_FALSE(identity_equal(t.mine, t.theirs)) << "rank " << r;
+        EXPECT_EQ(identity_protocol(t.mine), kProtoNccl) << "rank " << r;
+        const uint32_t f = comm.sinks[r]->fault();
+        EXPECT_TRUE(fault_is_divergence(f)) << "rank " << r << ": fault word " << f;
+        switch (how) {
+          case Diverge::kRejected:
+            EXPECT_NE(identity_rejected(t.mine), identity_rejected(t.theirs)) << "rank " << r;
+            break;
+          case Diverge::kOtherM:
+            EXPECT_NE(identity_size(t.mine), identity_size(t.theirs)) << "rank " << r;
+            break;
+          case Diverge::kOtherH:
+            EXPECT_NE(identity_row_width(t.mine), identity_row_width(t.theirs)) << "rank " << r;
+            break;
+          case Diverge::kExtraCall:
+            EXPECT_NE(identity_generation(t.mine), identity_generation(t.theirs)) << "rank " << r;
+            break;
+          default:
+            break;
+        }
+      }
+    }
+    for (int r = 0; r < tp; ++r) {  // the watchdog's progress counts: every call entered and left
+      const std::vector<uint32_t> pc = progress[r].download<uint32_t>(2);
+      const uint32_t entered = kCalls + (how == Diverge::kExtraCall && r == odd ? 1 : 0);
+      EXPECT_EQ(pc[0], entered) << "rank " << r;
+      EXPECT_EQ(pc[1], static_cast<uint32_t>(kCalls)) << "rank " << r;
+      EXPECT_EQ(ids[r].download<uint32_t>(1, kFallbackCallsOffset)[0], entered) << "rank " << r << ": the call count";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tp, ConcurrentRanks, ::testing::Values(2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
