@@ -40,6 +40,7 @@ class LamportAllGather {
   void call(const DLTensor& in, const DLTensor& out, cudaStream_t stream);
 
   int64_t rank_capacity_bytes() const;
+  // Device memory per rank of the mailbox (and, on the NCCL fallback, its call identities), bytes.
   size_t mailbox_bytes() const;
 
   struct Impl;

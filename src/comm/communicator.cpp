@@ -67,10 +67,12 @@ std::string identity_text(const kernels::CallIdentity& id) {
   } else {
     t += std::string(" ") + variant_label(kernels::identity_variant(id)) + ", M=" + std::to_string(kernels::identity_size(id));
   }
-  const bool nccl = kernels::identity_protocol(id) == kernels::kProtoNccl;
-  if (nccl && kernels::identity_row_width(id) != 0) t += ", H=" + std::to_string(kernels::identity_row_width(id));
-  t += (nccl ? ", fallback call " : ", generation ") + std::to_string(kernels::identity_generation(id)) +
-       (nccl ? " (mod 4)" : "") + ", after " + std::to_string(kernels::identity_rejected(id)) + " rejected calls";
+  if (kernels::identity_protocol(id) == kernels::kProtoNccl) {  // no generation; the op's serial number
+    t += ", op #" + std::to_string(kernels::identity_op_serial(id)) + " of the communicator";
+  } else {
+    t += ", generation " + std::to_string(kernels::identity_generation(id));
+  }
+  t += ", after " + std::to_string(kernels::identity_rejected(id)) + " rejected calls";
   return t;
 }
 
@@ -93,12 +95,9 @@ std::string divergence_message(int rank, int peer, const std::string& where, con
                                                                : "the ranks called with different M at the same call";
   } else if (kernels::identity_variant(mine) != kernels::identity_variant(theirs)) {
     why = "the ranks asked for different outputs (variants) at the same call";
-  } else if (kernels::identity_row_width(mine) != kernels::identity_row_width(theirs)) {
-    why = "the ranks called ops of different hidden sizes at the same call (ops of one communicator share its "
-          "NCCL communicator on the fallback)";
-  } else if (kernels::identity_protocol(mine) == kernels::kProtoNccl &&
-             kernels::identity_generation(mine) != kernels::identity_generation(theirs)) {
-    why = "one rank made more calls of this op than the other (their counts of the op's fallback calls differ)";
+  } else if (kernels::identity_op_serial(mine) != kernels::identity_op_serial(theirs)) {
+    why = "the ranks called different ops of the communicator at the same call (on the NCCL fallback its ops "
+          "share one NCCL communicator, which pairs calls by their order)";
   } else {
     why = "the ranks' calls no longer pair";
   }
@@ -421,18 +420,11 @@ void Communicator::Impl::fallback_mark(bool in, kernels::FallbackParams& fp, cud
   }
 }
 
-void Communicator::Impl::fallback_group(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
-                                        cudaStream_t stream, const char* what) {
+void Communicator::Impl::fallback_collectives(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
+                                              cudaStream_t stream, const char* what) {
   char* ids = static_cast<char*>(fp.ids);
-  detail::check_nccl(ncclGroupStart(), what);
-  // Every operation is issued and the group closed even where one fails to enqueue (NCCL's
-  // group must end); the first failure is thrown after it.
-  ncclResult_t first = ncclAllGather(ids, ids + 16, 16, ncclUint8, comm, stream);
-  const ncclResult_t second = rows();
-  const ncclResult_t end = ncclGroupEnd();
-  if (first == ncclSuccess || first == ncclInProgress) first = second;
-  detail::check_nccl(first, what);
-  nccl_wait(end, what);
+  nccl_wait(ncclAllGather(ids, ids + 16, 16, ncclUint8, comm, stream), "ncclAllGather of the NCCL fallback's call identities");
+  nccl_wait(rows(), what);
 }
 
 void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
@@ -707,6 +699,7 @@ void Communicator::Impl::agree(const char* what, const std::vector<std::pair<con
   if (local_error) std::rethrow_exception(local_error);
   const std::string error = comm::agreement_error(what, rank, fields, words);
   if (!error.empty()) throw Error(ErrorCode::kInvalidArgument, error);
+  ++ops_agreed;
 }
 
 Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,

@@ -79,14 +79,17 @@ struct Communicator::Impl {
   // Counts a fallback call in (before its NCCL operations) or out (after them), stream-ordered;
   // starts the watchdog thread at the first one. The same kernels carry the call's identity
   // (kernels/params.h, FallbackParams; PROTOCOL.md I19): in, this rank's is written into
-  // fp.ids[0]; out, every rank's (all-gathered by fallback_group) is checked against it. `fp`:
-  // its err, id, ids and tp set by the op (progress is set here).
+  // fp.ids[0]; out, every rank's (all-gathered by fallback_collectives) is checked against it.
+  // `fp`: its err, id, ids and tp set by the op (progress is set here).
   void fallback_mark(bool in, kernels::FallbackParams& fp, cudaStream_t stream);
-  // The fallback's NCCL group, between the two marks: the identities' 16-byte ncclAllGather
-  // (fp.ids[0] into fp.ids[1, 1 + tp)) and then `rows` (the call's collective), issued in one
-  // ncclGroupStart/End so that they pair in this order on every rank; bounded like nccl_wait.
-  void fallback_group(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows, cudaStream_t stream,
-                      const char* what);
+  // The fallback's NCCL operations, between the two marks: the identities' 16-byte ncclAllGather
+  // (fp.ids[0] into fp.ids[1, 1 + tp)), then `rows` (the call's collective), each bounded like
+  // nccl_wait. Two operations, not one group: NCCL orders a group's collectives by size, so where
+  // ranks' rows differ in count (the divergence this exists to find) the rows' traffic could land
+  // in the identity slots; alone and first, the identities' exchange pairs cleanly whenever every
+  // earlier operation did.
+  void fallback_collectives(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
+                            cudaStream_t stream, const char* what);
   // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
   void check_fallback();
   bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread
@@ -219,6 +222,10 @@ struct Communicator::Impl {
   // anything is sized from the configuration.
   void agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
              std::exception_ptr local_error);
+  // Agreements that passed (the communicator's own, then each op's): an op's serial number is
+  // the count after its own, the same on every rank (the ranks build ops in one order, or the
+  // agreement throws on all of them). The NCCL fallback's identity carries it (I19).
+  uint32_t ops_agreed = 0;
 };
 
 namespace comm {

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
 }
 
 // The NCCL fallback's identity exchange (params.h, FallbackParams; PROTOCOL.md I19), one thread
-// before the group and one warp after it.
+// before its NCCL operations and one warp after them.
 __global__ void fallback_enter_kernel(const FallbackParams p) {
   volatile uint32_t* entered = p.progress;
   *entered = *entered + 1;
@@ -121,11 +121,11 @@ __global__ void fallback_enter_kernel(const FallbackParams p) {
   const uint32_t n = *calls;
   *calls = n + 1;
   const uint32_t rejected = *const_cast<const volatile uint32_t*>(p.err.fault + 1);
-  const CallIdentity c = with_call_state(p.id, n, rejected);
+  const CallIdentity c = with_call_state(p.id, 0, rejected);
   uint4* ids = reinterpret_cast<uint4*>(base);
   ids[0] = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
-  // The receive slots cleared: one the group leaves unwritten (its NCCL operation aborted by the
-  // watchdog, which reports kPeerTimeout) is not taken for another call's identity.
+  // The receive slots cleared: one the all-gather leaves unwritten (aborted by the watchdog,
+  // which reports kPeerTimeout) is not taken for another call's identity.
   for (int s = 0; s < p.tp; ++s) ids[1 + s] = make_uint4(0, 0, 0, 0);
 }
 
@@ -145,8 +145,7 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
   if (found == 0 || s != __ffs(found) - 1) return;
   // The first rank whose identity differs: recorded on this rank, and the fault raised.
   const uint32_t calls = *reinterpret_cast<const volatile uint32_t*>(static_cast<const char*>(p.ids) + kFallbackCallsOffset);
-  record_error(p.err, kDivergence, kProtoNccl, s, identity_generation(CallIdentity{{mine.x, mine.y, mine.z, mine.w}}),
-               0, 0, calls - 1, &mine, &theirs);
+  record_error(p.err, kDivergence, kProtoNccl, s, 0, 0, 0, calls - 1, &mine, &theirs);
   raise_fault(p.err, s, true);
 }
 

@@ -75,7 +75,7 @@ cudaError_t launch_all_gather(const AllGatherParams& p, cudaStream_t stream, boo
 cudaError_t preload_all_reduce_mhc_kernels(int hc);
 cudaError_t preload_all_gather_kernels();
 
-// The NCCL fallback's identity exchange around its NCCL group (params.h, FallbackParams): one
+// The NCCL fallback's identity exchange around its NCCL operations (params.h, FallbackParams): one
 // thread that counts the call entered (the watchdog's progress counts, host-mapped; only this
 // stream writes them) and writes this rank's identity, and one warp that counts it left and
 // checks every rank's against it (kDivergence and the fault where one differs).

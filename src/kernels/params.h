@@ -47,10 +47,9 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 //   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
 //   lanes 1-3: the size, 15 bits a lane (45 bits)
 //   lanes 4-5: the rejected count modulo 2^30
-//   lane 6: 0, but on the NCCL fallback's all-reduce: its row width H modulo 2^15 (with_row_width)
+//   lane 6: 0, but on the NCCL fallback: the op's serial number modulo 2^15 (with_op_serial)
 //   lane 7: kIdentityMagic (a written header is never all zeros)
-// On the NCCL fallback (kProtoNccl: FallbackParams below) the "generation" is the op's count of
-// fallback calls modulo 4.
+// On the NCCL fallback (kProtoNccl: FallbackParams below) the generation is 0 (it has none).
 struct CallIdentity {
   uint32_t w[4];
 };
@@ -77,15 +76,17 @@ MHCCL_HD constexpr CallIdentity with_rejected(CallIdentity id, uint32_t rejected
 MHCCL_HD constexpr CallIdentity with_call_state(CallIdentity id, uint32_t gen, uint32_t rejected) {
   return with_rejected(with_generation(id, gen), rejected);
 }
-// The NCCL fallback's all-reduce also carries its row width: ops of one communicator share its
-// NCCL communicator, so ranks calling two ops of different H at the same call would pair
-// collectives of different counts (the Lamport paths have a mailbox an op: they never pair).
-MHCCL_HD constexpr CallIdentity with_row_width(CallIdentity id, uint64_t h) {
-  id.w[3] = (id.w[3] & 0xFFFF0000u) | identity_lane(h, 0);
+// The NCCL fallback's identity also carries the op's serial number (its place in the order the
+// communicator's ops were built, Communicator::Impl::ops_agreed: the same on every rank, since
+// construction agrees on it): ops of one communicator share its NCCL communicator, which pairs
+// calls by their place in it, so ranks calling two ops in another order would pair one op's call
+// with the other's (the Lamport paths have a mailbox an op: their calls never pair).
+MHCCL_HD constexpr CallIdentity with_op_serial(CallIdentity id, uint32_t serial) {
+  id.w[3] = (id.w[3] & 0xFFFF0000u) | identity_lane(serial, 0);
   return id;
 }
 // The fields back (for error messages and tests).
-MHCCL_HD constexpr uint32_t identity_row_width(const CallIdentity& id) { return id.w[3] & 0x7FFFu; }
+MHCCL_HD constexpr uint32_t identity_op_serial(const CallIdentity& id) { return id.w[3] & 0x7FFFu; }
 MHCCL_HD constexpr uint32_t identity_op(const CallIdentity& id) { return id.w[0] & 3u; }
 MHCCL_HD constexpr uint32_t identity_protocol(const CallIdentity& id) { return (id.w[0] >> 2) & 7u; }
 MHCCL_HD constexpr uint32_t identity_variant(const CallIdentity& id) { return (id.w[0] >> 5) & 3u; }
@@ -221,13 +222,14 @@ struct LamportState {
 
 // The NCCL fallback's call identity (PROTOCOL.md, I19). Its calls publish into no mailbox, so
 // no call header can travel beside their rows: instead each rank's identity of the call is
-// all-gathered in the same NCCL group as the rows' collective (one more 16-byte ncclAllGather),
-// and every rank compares every rank's against its own. Two kernels bracket the group (they are
-// the watchdog's progress counts too, Communicator::Impl::fallback_mark):
-//  - fallback_enter: counts the call entered, takes the op's fallback call count, reads this
-//    rank's rejected count (ErrorSink::fault + 1, in stream order, as the Lamport kernels do),
-//    writes with_call_state(id, calls, rejected) into ids[0], the all-gather's send buffer, and
-//    clears the receive slots;
+// all-gathered just before the rows' collective (a 16-byte ncclAllGather of its own:
+// Communicator::Impl::fallback_collectives), and every rank compares every rank's against its
+// own. Two kernels bracket the two NCCL operations (they are the watchdog's progress counts too,
+// Communicator::Impl::fallback_mark):
+//  - fallback_enter: counts the call entered, advances the op's fallback call count (for the
+//    error record's call index), reads this rank's rejected count (ErrorSink::fault + 1, in
+//    stream order, as the Lamport kernels do), writes with_call_state(id, 0, rejected) into
+//    ids[0], the all-gather's send buffer, and clears the receive slots;
 //  - fallback_leave: counts the call left, then compares ids[1 + s] (rank s's, the receive
 //    buffer) with ids[0] for every s < tp; the first that differs records kDivergence naming
 //    rank s and raises the fault, as a Lamport consumer's check_header does. A slot still
@@ -238,7 +240,7 @@ struct LamportState {
 // every rank's, then the op's call count (one uint32, zeroed at allocation).
 struct FallbackParams {
   ErrorSink err;
-  CallIdentity id;     // the host's part: op, kProtoNccl, variant, M (all-gather: packs), row width
+  CallIdentity id;     // the host's part: op, kProtoNccl, variant, M (all-gather: packs), op serial
   uint32_t* progress;  // the communicator's watchdog progress counts [entered, left] (host-mapped)
   void* ids;           // the op's identity buffer (above)
   int tp;

@@ -23,6 +23,7 @@ struct LamportAllGather::Impl {
   kernels::LamportState* state = nullptr;
   void* staging = nullptr;  // contiguous, aligned copy of an input that is neither
   void* fallback_ids = nullptr;  // NCCL fallback: the call identities (kernels::fallback_ids_bytes)
+  uint32_t op_serial = 0;        // Communicator::Impl::ops_agreed after this op's agreement
   int packs_per_cta = 0;    // launch shape; 0: default (MHCCL_ALLGATHER_PACKS_PER_CTA overrides)
 
   ~Impl() {
@@ -53,6 +54,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
   im.comm->agree("LamportAllGather",
                  {{"rank_capacity_bytes", rank_capacity_bytes}, {"MHCCL_ALLGATHER_PACKS_PER_CTA", im.packs_per_cta}},
                  local_error);
+  im.op_serial = im.comm->ops_agreed;
   im.capacity = rank_capacity_bytes;
   detail::DeviceGuard guard(im.comm->device);
   try {  // after the agreement, a failure here leaves this rank out of step with its peers: unusable
@@ -143,18 +145,20 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     }
     void* dst = static_cast<char*>(out.data) + out.byte_offset;
     if (c.tp > 1 && !c.reachable) {  // NCCL fallback: every byte as sent, as on the Lamport path
-      // The call's identity travels in the same NCCL group (PROTOCOL.md I19), and the marks
-      // around it are the watchdog's progress counts (NCCL's wait has no budget of its own).
+      // The call's identity is all-gathered first (PROTOCOL.md I19), and the marks around the
+      // two are the watchdog's progress counts (NCCL's wait has no budget of its own).
       kernels::FallbackParams fp = {};
       fp.err = c.sink(kernels::kOpAllGather);
-      fp.id = kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0, static_cast<uint64_t>(bytes / 16));
+      fp.id = kernels::with_op_serial(
+          kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0, static_cast<uint64_t>(bytes / 16)),
+          im.op_serial);
       fp.ids = im.fallback_ids;
       fp.tp = c.tp;
       std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
       if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "LamportAllGather: the NCCL communicator was aborted");
       c.fallback_mark(true, fp, stream);
       launched = true;
-      c.fallback_group(fp, [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
+      c.fallback_collectives(fp, [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
                        stream, "ncclAllGather of the NCCL fallback");
       c.fallback_mark(false, fp, stream);
       return;
@@ -184,7 +188,8 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
 int64_t LamportAllGather::rank_capacity_bytes() const { return impl_->capacity; }
 
 size_t LamportAllGather::mailbox_bytes() const {
-  return impl_->mailbox ? impl_->mailbox->bytes() : 0;
+  return (impl_->mailbox ? impl_->mailbox->bytes() : 0) +
+         (impl_->fallback_ids ? static_cast<size_t>(kernels::fallback_ids_bytes()) : 0);
 }
 
 }  // namespace mhccl

@@ -87,6 +87,7 @@ struct AllReduceMHC::Impl {
   uint32_t* row_tickets = nullptr;
   void* fallback_rows = nullptr;            // NCCL fallback: [C, H] BF16
   void* fallback_ids = nullptr;             // NCCL fallback: the call identities (kernels::fallback_ids_bytes)
+  uint32_t op_serial = 0;                   // Communicator::Impl::ops_agreed after this op's agreement
   int ctas_per_row = 0;                     // 0: default tiling (MHCCL_CTAS_PER_ROW overrides)
   // Grid of the streaming consumer per input (direct; one-shot slots; two-shot reduced rows;
   // TP=1 finalize) and variant (plain, mxfp8, residual_only, fp8): the minimum over the ranks of
@@ -234,7 +235,9 @@ struct AllReduceMHC::Impl {
   }
   // The NCCL path's rows and its identity buffer (its call count zeroed, in order on `stream`).
   void alloc_fallback(size_t row_bytes_total, cudaStream_t stream) {
-    MHCCL_CUDA(cudaMalloc(&fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
+    if (fallback_ids == nullptr) {  // a retry after a failure below allocates it once
+      MHCCL_CUDA(cudaMalloc(&fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
+    }
     MHCCL_CUDA(cudaMemsetAsync(fallback_ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), stream));
     MHCCL_CUDA(cudaMalloc(&fallback_rows, row_bytes_total));
   }
@@ -483,21 +486,21 @@ struct AllReduceMHC::Impl {
         src = fallback_rows;
       }
       // Bracketed by the watchdog's progress counts (Communicator::Impl::fallback_mark): NCCL's
-      // wait for a peer has no budget of its own. The marks and the group carry the call's
-      // identity (PROTOCOL.md I19: every rank checks every rank's; H too, since ops share the
-      // NCCL communicator).
+      // wait for a peer has no budget of its own. The marks and the first NCCL operation carry
+      // the call's identity (PROTOCOL.md I19: every rank checks every rank's; the op's serial
+      // number too, since ops share the NCCL communicator).
       kernels::FallbackParams fp = {};
       fp.err = cp.err;
-      fp.id = kernels::with_row_width(
+      fp.id = kernels::with_op_serial(
           kernels::make_call_identity(op, kernels::kProtoNccl, static_cast<uint32_t>(variant), static_cast<uint64_t>(m)),
-          static_cast<uint64_t>(cfg.hidden_size));
+          op_serial);
       fp.ids = fallback_ids;
       fp.tp = c.tp;
       std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
       if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "protocol nccl: the NCCL communicator was aborted");
       c.fallback_mark(true, fp, stream);
       launched = true;
-      c.fallback_group(fp, [&] {
+      c.fallback_collectives(fp, [&] {
         return ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size), ncclBfloat16, ncclSum, c.comm,
                              stream);
       }, stream, "ncclAllReduce of the NCCL fallback");
@@ -535,6 +538,7 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   // (tuning::agreement_fields): ranks whose tuning tables differ raise here, naming the field.
   if (local_error) im.resolved.cfg = config;  // a rank whose configure failed still agrees on its fields
   c.agree("AllReduceMHC", tuning::agreement_fields(im.resolved, c.options.force_nccl_fallback), local_error);
+  im.op_serial = c.ops_agreed;
   // After the agreement a failure on this rank leaves its peers in a later collective (they
   // raise kPeerTimeout within the budget): this rank's communicator is out of step with theirs
   // from then on, so it becomes unusable too.

@@ -83,29 +83,24 @@ TEST(CallIdentity, CallStateReplacesTheGenerationAndTheRejectedCount) {
   }
 }
 
-// The NCCL fallback's identity (kernels/params.h, FallbackParams): its row width in lane 6
-// round-trips, keeps every lane clear of the sentinels, survives the call state the kernel adds,
-// and makes identities that differ only in it differ; the Lamport identities leave lane 6 at 0.
-TEST(CallIdentity, FallbackRowWidthRoundTripsAndDiffers) {
+// The NCCL fallback's identity (kernels/params.h, FallbackParams): the op's serial number in
+// lane 6 round-trips, keeps every lane clear of the sentinels, survives the call state the kernel
+// adds, and makes identities that differ only in it differ; the Lamport identities leave lane 6 at 0.
+TEST(CallIdentity, FallbackOpSerialRoundTripsAndDiffers) {
   std::mt19937_64 rng(11);
   for (int i = 0; i < 10000; ++i) {
-    const uint64_t h = 8 * (1 + rng() % 4095);
-    const CallIdentity host = kernels::with_row_width(
-        kernels::make_call_identity(1 + rng() % 3, kernels::kProtoNccl, rng() % 4, rng() % 5000), h);
-    const CallIdentity id = kernels::with_call_state(host, static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng() & ((1u << 30) - 1)));
+    const uint32_t serial = i < 4 ? static_cast<uint32_t>(i) : static_cast<uint32_t>(rng() % 0x8000u);
+    const CallIdentity host = kernels::with_op_serial(
+        kernels::make_call_identity(1 + rng() % 3, kernels::kProtoNccl, rng() % 4, rng() % 5000), serial);
+    const CallIdentity id = kernels::with_call_state(host, 0, static_cast<uint32_t>(rng() & ((1u << 30) - 1)));
     ASSERT_TRUE(sentinel_free(id)) << i;
-    EXPECT_EQ(kernels::identity_row_width(id), h) << i;
+    EXPECT_EQ(kernels::identity_op_serial(id), serial) << i;
     EXPECT_EQ(kernels::identity_protocol(id), kernels::kProtoNccl);
     EXPECT_EQ(id.w[3] >> 16, kernels::kIdentityMagic);
-    EXPECT_FALSE(kernels::identity_equal(id, kernels::with_row_width(id, h + 8))) << i;
-    EXPECT_TRUE(kernels::identity_equal(id, kernels::with_row_width(id, h))) << i;
+    EXPECT_FALSE(kernels::identity_equal(id, kernels::with_op_serial(id, (serial + 1) & 0x7FFFu))) << i;
+    EXPECT_TRUE(kernels::identity_equal(id, kernels::with_op_serial(id, serial))) << i;
   }
-  EXPECT_EQ(kernels::identity_row_width(kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 64)), 0u);
-  // The fallback's call count modulo 4 is its "generation": counts one apart differ.
-  const CallIdentity f = kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 8);
-  for (uint32_t n = 0; n < 8; ++n) {
-    EXPECT_FALSE(kernels::identity_equal(kernels::with_call_state(f, n, 0), kernels::with_call_state(f, n + 1, 0))) << n;
-  }
+  EXPECT_EQ(kernels::identity_op_serial(kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 64)), 0u);
 }
 
 // The call headers of every (generation, writer) lie after the rows, apart from one another and
@@ -196,31 +191,29 @@ TEST(CallIdentity, DivergenceMessageNamesWhatDiffers) {
   }
 }
 
-// The NCCL fallback's divergences (PROTOCOL.md I19): the row width and the op's fallback call
-// count are named where they differ, the count is not called a generation, and the message
-// says that every rank found it (no mailbox to stop storing into).
+// The NCCL fallback's divergences (PROTOCOL.md I19): the op's serial number is named where it
+// differs, no generation is named (it has none), and the message says that every rank found it
+// (no mailbox to stop storing into).
 TEST(CallIdentity, FallbackDivergenceMessageNamesWhatDiffers) {
-  const auto id = [](uint64_t m, uint64_t h, uint32_t calls, uint32_t rejected) {
+  const auto id = [](uint32_t op, uint64_t m, uint32_t serial, uint32_t rejected) {
     return kernels::with_call_state(
-        kernels::with_row_width(kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, m), h),
-        calls, rejected);
+        kernels::with_op_serial(kernels::make_call_identity(op, kernels::kProtoNccl, 0, m), serial), 0, rejected);
   };
   struct Case {
     CallIdentity mine, theirs;
     const char* says;
   };
   const Case cases[] = {
-      {id(8, 5120, 1, 0), id(8, 5120, 1, 1), "rejected on one of these ranks"},
-      {id(8, 5120, 1, 0), id(5, 5120, 1, 0), "different M"},
-      {id(8, 5120, 1, 0), id(8, 4096, 1, 0), "different hidden sizes"},
-      {id(8, 5120, 1, 0), id(8, 5120, 2, 0), "made more calls of this op"},
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 8, 2, 1), "rejected on one of these ranks"},
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 5, 2, 0), "different M"},
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceFinalize, 8, 2, 0), "call on one, finalize"},
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 8, 3, 0), "different ops of the communicator"},
   };
   for (const Case& c : cases) {
     const std::string msg = comm::divergence_message(1, 0, "AllReduceMHC.call (NCCL fallback, call 5)", c.mine, c.theirs);
     EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
     EXPECT_NE(msg.find("NCCL fallback"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("H=5120"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("fallback call 1 (mod 4)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("op #2 of the communicator"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("No rank stores into a mailbox"), std::string::npos) << msg;
     EXPECT_NE(msg.find("each finds it here"), std::string::npos) << msg;

@@ -174,10 +174,10 @@ TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
   records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
   records[kernels::kTimeoutRecord].call = 9;
-  const kernels::CallIdentity host = kernels::with_row_width(
-      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 64), 5120);
-  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 9, 0);
-  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 9, 1);
+  const kernels::CallIdentity host = kernels::with_op_serial(
+      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 64), 2);
+  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 0, 0);
+  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 0, 1);
   try {
     im.check(false);
     ADD_FAILURE() << "no divergence reported";

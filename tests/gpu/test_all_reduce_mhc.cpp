@@ -965,16 +965,19 @@ TEST(ConfigAgreement, MismatchThrowsOnEveryRankNamingTheField) {
 // a call rejected on every rank alike (no error, the next call right on both); then rank 1
 // rejects its call 4 (and catches it) while rank 0's goes through, and both make one more call.
 // Rank 0's call 4 pairs with rank 1's call 5 in NCCL: both ranks report an error (kDivergence on
-// rank 1, whose call completed on rank 0's data; rank 0's last call has no partner, so its
-// error is that divergence, or a kPeerTimeout from the watchdog's bound on NCCL's wait), and
-// neither returns a wrong value without one. Before I19 reached the fallback, rank 1 summed rank
-// 0's call 4 into its call 5 with no error.
+// rank 1, whose call completed on rank 0's data, naming rank 0 at the op's fallback call 3; rank
+// 0's last call has no partner, so its error is that divergence, or a kPeerTimeout from the
+// watchdog's bound on NCCL's wait), and neither returns a wrong value without one. Before I19
+// reached the fallback, rank 1 summed rank 0's call 4 into its call 5 with no error. Last, two
+// ops of one configuration called in the opposite order on the two ranks: each call pairs in
+// NCCL with the other op's, and both ranks report kDivergence (the ops' serial numbers differ).
 TEST(NcclFallback, CallRejectedOnOneRankGetsAnError) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (!env().world) GTEST_SKIP() << "needs 2 ranks: run under mhccl-launch -n 2";
-  enum class Kind { kCall, kFinalize, kAllGather };
-  for (const Kind kind : {Kind::kCall, Kind::kFinalize, Kind::kAllGather}) {
-    const char* what = kind == Kind::kCall ? "call" : kind == Kind::kFinalize ? "finalize" : "all-gather";
+  enum class Kind { kCall, kFinalize, kAllGather, kSwappedOps };
+  for (const Kind kind : {Kind::kCall, Kind::kFinalize, Kind::kAllGather, Kind::kSwappedOps}) {
+    const char* what = kind == Kind::kCall ? "call" : kind == Kind::kFinalize ? "finalize"
+                       : kind == Kind::kAllGather ? "all-gather" : "two ops in opposite orders";
     SCOPED_TRACE(what);
     CommunicatorOptions o;
     o.wait_timeout_ms = 2000;
@@ -985,11 +988,12 @@ TEST(NcclFallback, CallRejectedOnOneRankGetsAnError) {
     const bool fin = kind == Kind::kFinalize;
     AllReduceMHC op(*c, config(5120, 4, 64, 65));
     LamportAllGather ag(*c, 4096);
+    AllReduceMHC other(*c, config(5120, 4, 64, 65));  // kSwappedOps: the same configuration as `op`
     CallBuffers b(80, 5120, 4, 6);
     testing::DeviceBuffer d_in(4096 + 64), d_out(8 * (4096 + 64));
-    // One call (seed `seed`): launched, not synchronized. `bad`: one this rank rejects (M above
-    // the capacity, or bytes above it).
-    auto issue = [&](uint64_t seed, bool bad) {
+    // One call (seed `seed`) of `on`: launched, not synchronized. `bad`: one this rank rejects (M
+    // above the capacity, or bytes above it).
+    auto issue = [&](uint64_t seed, bool bad, AllReduceMHC& on) {
       if (kind == Kind::kAllGather) {
         const int64_t bytes = bad ? 4096 + 16 : 1024;
         std::vector<uint8_t> in(static_cast<size_t>(bytes));
@@ -1002,7 +1006,7 @@ TEST(NcclFallback, CallRejectedOnOneRankGetsAnError) {
       } else {
         const Problem p = testing::make_problem(seed, bad ? 65 : 8, 5120, 4, tp, fin);
         upload(p, rank, b);
-        launch(op, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
+        launch(on, p, Variant::kPlain, Protocol::kAuto, b, env().device, env().stream);
       }
     };
     // Whether the last good call of seed `seed` is right on this rank.
@@ -1020,47 +1024,71 @@ TEST(NcclFallback, CallRejectedOnOneRankGetsAnError) {
     };
     const uint64_t base = 62000 + 100 * static_cast<uint64_t>(kind);
     for (uint64_t i = 0; i < 2; ++i) {
-      issue(base + i, false);
+      issue(base + i, false, op);
       MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
       EXPECT_TRUE(right(base + i)) << "call " << i;
     }
-    EXPECT_THROW(issue(base + 10, true), Error) << "rejected on every rank";
-    issue(base + 2, false);
+    EXPECT_THROW(issue(base + 10, true, op), Error) << "rejected on every rank";
+    issue(base + 2, false, op);
     MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
     EXPECT_TRUE(right(base + 2)) << "after a call rejected on every rank";
     EXPECT_NO_THROW(c->check_errors());
-    // Rank 1 rejects its call 4; rank 0's goes through. Then both make one more.
-    if (rank == 1) {
-      EXPECT_THROW(issue(base + 3, true), Error);
-    } else {
-      issue(base + 3, false);
-    }
     const auto t0 = std::chrono::steady_clock::now();
     bool raised = false;
     ErrorCode code = ErrorCode::kInvalidArgument;
-    try {
-      issue(base + 4, false);  // rank 0 may already hold the divergence and throw it here
-    } catch (const Error& e) {
+    int peer = -2;
+    int64_t call = -2;
+    auto caught = [&](const Error& e) {
       raised = true;
       code = e.code();
+      peer = e.peer();
+      call = e.call_index();
+      std::printf("rank %d, %s: %s\n", rank, what, e.what());
+    };
+    if (kind == Kind::kSwappedOps) {  // op then other on rank 0, other then op on rank 1
+      try {
+        issue(base + 3, false, rank == 0 ? op : other);
+        issue(base + 4, false, rank == 0 ? other : op);
+      } catch (const Error& e) {
+        caught(e);
+      }
+    } else {
+      // Rank 1 rejects its call 4; rank 0's goes through. Then both make one more.
+      if (rank == 1) {
+        EXPECT_THROW(issue(base + 3, true, op), Error);
+      } else {
+        issue(base + 3, false, op);
+      }
+      try {
+        issue(base + 4, false, op);  // rank 0 may already hold the divergence and throw it here
+      } catch (const Error& e) {
+        caught(e);
+      }
     }
-    MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));  // rank 0's last call: bounded by the watchdog
+    // Rank 0's last call: bounded by the watchdog, which aborts the NCCL communicator (the
+    // synchronization's status aside, as in dead_peer.cpp: an abort may leave one).
+    cudaStreamSynchronize(env().stream);
+    cudaGetLastError();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(s, 20.0);
     if (!raised) {
       try {
         c->check_errors();
       } catch (const Error& e) {
-        raised = true;
-        code = e.code();
-        std::printf("rank %d, %s: %s\n", rank, what, e.what());
+        caught(e);
       }
     }
     EXPECT_TRUE(raised) << "rank " << rank << ": no error after its calls stopped pairing";
-    if (rank == 1) {
-      EXPECT_EQ(code, ErrorCode::kDivergence);
+    if (rank == 1 || kind == Kind::kSwappedOps) {
+      EXPECT_EQ(code, ErrorCode::kDivergence) << "rank " << rank;
     } else {
       EXPECT_TRUE(code == ErrorCode::kDivergence || code == ErrorCode::kPeerTimeout) << static_cast<int>(code);
+    }
+    if (code == ErrorCode::kDivergence) {
+      EXPECT_EQ(peer, 1 - rank);
+      // The op's fallback calls before it: 3 (the rejections made none); swapped: the first of
+      // the two, call 3 of `op` on rank 0 and call 0 of `other` on rank 1.
+      EXPECT_EQ(call, kind == Kind::kSwappedOps && rank == 1 ? 0 : 3) << "rank " << rank;
     }
     EXPECT_FALSE(c->usable());
     env().barrier();

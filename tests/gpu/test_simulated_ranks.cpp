@@ -1037,8 +1037,8 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
 // TP = 2, 4 and 8 on one GPU: each simulated rank's fallback_enter and fallback_leave kernels,
 // with the NCCL group's 16-byte all-gather of the identities done by copies between the ranks'
 // buffers (what ncclAllGather delivers; two NCCL ranks cannot share one GPU). Calls that pair
-// leave no record; where one rank diverges (a call rejected on it alone, another M, an op of
-// another H, one call more), every rank records kDivergence at that call, naming the diverged
+// leave no record; where one rank diverges (a call rejected on it alone, another M, another op of
+// the communicator at that call), every rank records kDivergence at that call, naming the diverged
 // rank (which names rank 0, or 1 where it is rank 0), with both identities; every fault word is
 // raised with the divergence kind; and the calls before it left no record. A slot the group left
 // unwritten (what an aborted NCCL operation leaves: the previous call's identity is cleared by
@@ -1048,16 +1048,15 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   const cudaStream_t st = env().stream;
-  enum class Diverge { kNone, kRejected, kOtherM, kOtherH, kExtraCall, kRejectedEverywhere, kNotDelivered };
+  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered };
   const std::pair<Diverge, const char*> scenarios[] = {
       {Diverge::kNone, "none"}, {Diverge::kRejected, "rejected on one rank"}, {Diverge::kOtherM, "another M"},
-      {Diverge::kOtherH, "another H"}, {Diverge::kExtraCall, "one call more"},
-      {Diverge::kRejectedEverywhere, "rejected on every rank"},
+      {Diverge::kOtherOp, "another op of the communicator"}, {Diverge::kRejectedEverywhere, "rejected on every rank"},
       {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted group)"}};
   for (const auto& [how, what] : scenarios) {
     SCOPED_TRACE(std::string(what) + ", tp " + std::to_string(tp));
     SimCommunicator comm(tp, 10'000'000'000ull);
-    const int odd = how == Diverge::kExtraCall ? 0 : tp - 1;  // the rank that diverges
+    const int odd = how == Diverge::kOtherOp ? 0 : tp - 1;  // the rank that diverges
     std::vector<DeviceBuffer> ids, progress;
     for (int r = 0; r < tp; ++r) {
       ids.emplace_back(static_cast<size_t>(fallback_ids_bytes()));
@@ -1076,15 +1075,12 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
       std::vector<FallbackParams> fp(tp);
       for (int r = 0; r < tp; ++r) {
         const uint64_t m = here && how == Diverge::kOtherM && r == odd ? 7 : 8;
-        const uint64_t h = here && how == Diverge::kOtherH && r == odd ? 4096 : 5120;
+        const uint32_t serial = here && how == Diverge::kOtherOp && r == odd ? 3 : 2;
         fp[r].err = comm.sinks[r]->sink;
-        fp[r].id = with_row_width(make_call_identity(kOpAllReduceCall, kProtoNccl, 0, m), h);
+        fp[r].id = with_op_serial(make_call_identity(kOpAllReduceCall, kProtoNccl, 0, m), serial);
         fp[r].progress = progress[r].as<uint32_t>();
         fp[r].ids = ids[r].get();
         fp[r].tp = tp;
-        // One call more on `odd`: a call its peers did not make (its NCCL group would pair with
-        // their next call); its enter kernel advances its call count.
-        if (here && how == Diverge::kExtraCall && r == odd) MHCCL_TEST_CUDA(launch_fallback_enter(fp[r], st));
         MHCCL_TEST_CUDA(launch_fallback_enter(fp[r], st));
       }
       for (int r = 0; r < tp; ++r) {  // the all-gather: rank s's ids[0] into every rank's ids[1 + s]
@@ -1106,10 +1102,7 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
         ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
         EXPECT_EQ(t.code, kDivergence) << "rank " << r;
         EXPECT_EQ(t.protocol, kProtoNccl) << "rank " << r;
-        // The op's fallback call count at the first call that diverged (on `odd`, one more for
-        // its extra call).
-        EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt + (how == Diverge::kExtraCall && r == odd ? 1 : 0)))
-            << "rank " << r;
+        EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt)) << "rank " << r << ": the op's fallback call count at it";
         EXPECT_EQ(t.peer, r != odd ? odd : (odd == 0 ? 1 : 0)) << "rank " << r;
         EXPECT_FALSE(identity_equal(t.mine, t.theirs)) << "rank " << r;
         EXPECT_EQ(identity_protocol(t.mine), kProtoNccl) << "rank " << r;
@@ -1122,11 +1115,8 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
           case Diverge::kOtherM:
             EXPECT_NE(identity_size(t.mine), identity_size(t.theirs)) << "rank " << r;
             break;
-          case Diverge::kOtherH:
-            EXPECT_NE(identity_row_width(t.mine), identity_row_width(t.theirs)) << "rank " << r;
-            break;
-          case Diverge::kExtraCall:
-            EXPECT_NE(identity_generation(t.mine), identity_generation(t.theirs)) << "rank " << r;
+          case Diverge::kOtherOp:
+            EXPECT_NE(identity_op_serial(t.mine), identity_op_serial(t.theirs)) << "rank " << r;
             break;
           default:
             break;
@@ -1135,10 +1125,9 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
     }
     for (int r = 0; r < tp; ++r) {  // the watchdog's progress counts: every call entered and left
       const std::vector<uint32_t> pc = progress[r].download<uint32_t>(2);
-      const uint32_t entered = kCalls + (how == Diverge::kExtraCall && r == odd ? 1 : 0);
-      EXPECT_EQ(pc[0], entered) << "rank " << r;
+      EXPECT_EQ(pc[0], static_cast<uint32_t>(kCalls)) << "rank " << r;
       EXPECT_EQ(pc[1], static_cast<uint32_t>(kCalls)) << "rank " << r;
-      EXPECT_EQ(ids[r].download<uint32_t>(1, kFallbackCallsOffset)[0], entered) << "rank " << r << ": the call count";
+      EXPECT_EQ(ids[r].download<uint32_t>(1, kFallbackCallsOffset)[0], static_cast<uint32_t>(kCalls)) << "rank " << r << ": the call count";
     }
   }
 }
