@@ -68,7 +68,9 @@ std::string identity_text(const kernels::CallIdentity& id) {
     t += std::string(" ") + variant_label(kernels::identity_variant(id)) + ", M=" + std::to_string(kernels::identity_size(id));
   }
   if (kernels::identity_protocol(id) == kernels::kProtoNccl) {  // no generation; the op's serial number
-    t += ", op #" + std::to_string(kernels::identity_op_serial(id)) + " of the communicator";
+    // The serial counts the communicator's own agreement first: its first op is #1.
+    t += ", op #" + std::to_string(static_cast<int>(kernels::identity_op_serial(id)) - 1) +
+         " of the communicator (in construction order)";
   } else {
     t += ", generation " + std::to_string(kernels::identity_generation(id));
   }
@@ -83,7 +85,10 @@ std::string divergence_message(int rank, int peer, const std::string& where, con
                                const kernels::CallIdentity& theirs) {
   std::string why;
   if ((theirs.w[3] >> 16) != kernels::kIdentityMagic) {
-    why = "the slot held no call header of this protocol (a protocol bug, or memory written by something else)";
+    why = kernels::identity_protocol(mine) == kernels::kProtoNccl
+              ? "its slot held no call identity: another NCCL operation paired with this call's exchange of "
+                "identities (the ranks issued different sequences of NCCL operations on the communicator)"
+              : "the slot held no call header of this protocol (a protocol bug, or memory written by something else)";
   } else if (kernels::identity_rejected(mine) != kernels::identity_rejected(theirs)) {
     why = "a call was rejected on one of these ranks but not on the other (a check that saw a per-rank difference, "
           "an allocation that failed on one rank, an exception the caller caught and went past), so their calls "
@@ -688,14 +693,25 @@ void Communicator::Impl::agree(const char* what, const std::vector<std::pair<con
   // The fixed-size header first: every rank all-reduces the same count here, whatever it builds.
   const std::string wait = std::string("configuration agreement of ") + what;
   std::vector<int> header = comm::agreement_words(comm::agreement_header(what, fields), true);
-  all_reduce_ints(header.data(), static_cast<int>(header.size()), ncclMax, wait.c_str());
+  // A failure inside the all-reduces (CUDA, NCCL) is this rank's alone: its peers may have
+  // agreed and counted the op (ops_agreed), so this communicator is out of step: unusable.
+  const auto reduce = [&](std::vector<int>& v) {
+    try {
+      all_reduce_ints(v.data(), static_cast<int>(v.size()), ncclMax, wait.c_str());
+    } catch (const Error& e) {
+      if (!unusable) fail(e.code(), std::string(e.what()) + " (this communicator is unusable: destroy it and its ops "
+                                                           "and build them again)", e.context());
+      throw;
+    }
+  };
+  reduce(header);
   const std::string mismatch = comm::agreement_header_error(what, rank, header);
   if (!mismatch.empty()) throw Error(ErrorCode::kInvalidArgument, mismatch);
   std::vector<int> words = comm::agreement_words(fields, !local_error);
   if (static_cast<int>(words.size()) > kSetupWords) {
     throw Error(ErrorCode::kInvalidArgument, std::string("agree (internal): too many fields for ") + what);
   }
-  all_reduce_ints(words.data(), static_cast<int>(words.size()), ncclMax, wait.c_str());
+  reduce(words);
   if (local_error) std::rethrow_exception(local_error);
   const std::string error = comm::agreement_error(what, rank, fields, words);
   if (!error.empty()) throw Error(ErrorCode::kInvalidArgument, error);

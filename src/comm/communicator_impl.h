@@ -223,8 +223,11 @@ struct Communicator::Impl {
   void agree(const char* what, const std::vector<std::pair<const char*, int64_t>>& fields,
              std::exception_ptr local_error);
   // Agreements that passed (the communicator's own, then each op's): an op's serial number is
-  // the count after its own, the same on every rank (the ranks build ops in one order, or the
-  // agreement throws on all of them). The NCCL fallback's identity carries it (I19).
+  // the count after its own. It is the same on every rank for ops whose agreements met: every
+  // rank takes the same verdict from the same all-reduced words, and a failure inside the
+  // all-reduces makes its rank unusable. (Ops of one kind and configuration built in swapped
+  // orders pass the agreement: each rank's serial then names the op its agreement met, which is
+  // how NCCL pairs their calls too.) The NCCL fallback's identity carries it (I19).
   uint32_t ops_agreed = 0;
 };
 

@@ -139,7 +139,9 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
   const uint4* ids = static_cast<const uint4*>(p.ids);
   const uint4 mine = ids[0];
   const uint4 theirs = s < p.tp ? ids[1 + s] : mine;
-  const bool delivered = (theirs.w >> 16) == kIdentityMagic;  // every identity carries it; a cleared slot does not
+  // A slot still all zeros was not delivered (an aborted all-gather); anything else that is not
+  // this rank's identity, an identity or not, is a divergence.
+  const bool delivered = (theirs.x | theirs.y | theirs.z | theirs.w) != 0;
   const bool differs = delivered && (theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w);
   const uint32_t found = __ballot_sync(0xFFFFFFFFu, differs);
   if (found == 0 || s != __ffs(found) - 1) return;

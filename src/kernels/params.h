@@ -232,9 +232,10 @@ struct LamportState {
 //    ids[0], the all-gather's send buffer, and clears the receive slots;
 //  - fallback_leave: counts the call left, then compares ids[1 + s] (rank s's, the receive
 //    buffer) with ids[0] for every s < tp; the first that differs records kDivergence naming
-//    rank s and raises the fault, as a Lamport consumer's check_header does. A slot still
-//    cleared (no kIdentityMagic) was not delivered: only the watchdog's abort of a stuck NCCL
-//    operation does that, and it reports kPeerTimeout; it is not called a divergence.
+//    rank s and raises the fault, as a Lamport consumer's check_header does (a slot holding
+//    anything but this rank's identity, an identity or not, differs). A slot still all zeros
+//    was not delivered: only the watchdog's abort of a stuck NCCL operation leaves one, and it
+//    reports kPeerTimeout; it is not called a divergence (every identity has kIdentityMagic).
 // Every rank sees every rank's identity, so where one rank diverged every rank finds it at that
 // call. Device memory of an op (fallback_ids_bytes): ids[0] this rank's, ids[1, 1 + kMaxTp)
 // every rank's, then the op's call count (one uint32, zeroed at allocation).

@@ -208,12 +208,14 @@ TEST(CallIdentity, FallbackDivergenceMessageNamesWhatDiffers) {
       {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 5, 2, 0), "different M"},
       {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceFinalize, 8, 2, 0), "call on one, finalize"},
       {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 8, 3, 0), "different ops of the communicator"},
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), CallIdentity{{0x3F803F80u, 0x40004000u, 0xBF80BF80u, 0x3F003F00u}},
+       "another NCCL operation paired"},
   };
   for (const Case& c : cases) {
     const std::string msg = comm::divergence_message(1, 0, "AllReduceMHC.call (NCCL fallback, call 5)", c.mine, c.theirs);
     EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
     EXPECT_NE(msg.find("NCCL fallback"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("op #2 of the communicator"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("op #1 of the communicator"), std::string::npos) << msg;  // serial 2: the communicator's agreement is 1
     EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("No rank stores into a mailbox"), std::string::npos) << msg;
     EXPECT_NE(msg.find("each finds it here"), std::string::npos) << msg;

@@ -964,10 +964,11 @@ TEST(ConfigAgreement, MismatchThrowsOnEveryRankNamingTheField) {
 // the call, the finalize and the all-gather, each on a fresh communicator: two checked calls;
 // a call rejected on every rank alike (no error, the next call right on both); then rank 1
 // rejects its call 4 (and catches it) while rank 0's goes through, and both make one more call.
-// Rank 0's call 4 pairs with rank 1's call 5 in NCCL: both ranks report an error (kDivergence on
-// rank 1, whose call completed on rank 0's data, naming rank 0 at the op's fallback call 3; rank
-// 0's last call has no partner, so its error is that divergence, or a kPeerTimeout from the
-// watchdog's bound on NCCL's wait), and neither returns a wrong value without one. Before I19
+// Rank 0's call 4 pairs with rank 1's call 5 in NCCL: both ranks report an error, neither returns
+// a wrong value without one. Rank 1's call completed on rank 0's data: kDivergence naming rank 0
+// at the op's fallback call 3. Rank 0 records the same divergence; the harness's upload of its
+// next call synchronizes the device, so it throws it there before launching (were it launched,
+// that call would have no partner and the watchdog would end its wait: kPeerTimeout, also taken). Before I19
 // reached the fallback, rank 1 summed rank 0's call 4 into its call 5 with no error. Last, two
 // ops of one configuration called in the opposite order on the two ranks: each call pairs in
 // NCCL with the other op's, and both ranks report kDivergence (the ops' serial numbers differ).

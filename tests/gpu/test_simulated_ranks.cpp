@@ -1048,11 +1048,12 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   const cudaStream_t st = env().stream;
-  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered };
+  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered, kNotAnIdentity };
   const std::pair<Diverge, const char*> scenarios[] = {
       {Diverge::kNone, "none"}, {Diverge::kRejected, "rejected on one rank"}, {Diverge::kOtherM, "another M"},
       {Diverge::kOtherOp, "another op of the communicator"}, {Diverge::kRejectedEverywhere, "rejected on every rank"},
-      {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted group)"}};
+      {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted all-gather)"},
+      {Diverge::kNotAnIdentity, "other bytes in one rank's slot (a mispaired NCCL operation)"}};
   for (const auto& [how, what] : scenarios) {
     SCOPED_TRACE(std::string(what) + ", tp " + std::to_string(tp));
     SimCommunicator comm(tp, 10'000'000'000ull);
@@ -1068,13 +1069,20 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
     for (int call = 0; call < kCalls; ++call) {
       const bool diverges = how != Diverge::kNone && how != Diverge::kRejectedEverywhere && how != Diverge::kNotDelivered;
       const bool here = diverges && call == kDivergeAt;
+      // kNotAnIdentity: every rank but `odd` finds other bytes in `odd`'s slot; `odd` sees every
+      // identity equal to its own (and its fault word raised by the others).
+      const auto finds = [&](int r) { return diverges && call >= kDivergeAt && (how != Diverge::kNotAnIdentity || r != odd); };
       if (call == kDivergeAt && how == Diverge::kRejected) comm.sinks[odd]->count_rejected(st);
       if (call == kDivergeAt && how == Diverge::kRejectedEverywhere) {
         for (int r = 0; r < tp; ++r) comm.sinks[r]->count_rejected(st);
       }
       std::vector<FallbackParams> fp(tp);
       for (int r = 0; r < tp; ++r) {
-        const uint64_t m = here && how == Diverge::kOtherM && r == odd ? 7 : 8;
+        // kNotDelivered: every rank's M changes at that call, so a slot the enter kernel failed to
+        // clear (the previous call's identity, M = 8) would be found unlike this call's.
+        const uint64_t m = here && how == Diverge::kOtherM && r == odd                ? 7
+                           : how == Diverge::kNotDelivered && call == kDivergeAt ? 9
+                                                                                      : 8;
         const uint32_t serial = here && how == Diverge::kOtherOp && r == odd ? 3 : 2;
         fp[r].err = comm.sinks[r]->sink;
         fp[r].id = with_op_serial(make_call_identity(kOpAllReduceCall, kProtoNccl, 0, m), serial);
@@ -1087,16 +1095,20 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
         for (int s = 0; s < tp; ++s) {
           if (how == Diverge::kNotDelivered && call == kDivergeAt && s == odd && r != odd) continue;
           MHCCL_TEST_CUDA(cudaMemcpyAsync(ids[r].as<char>() + 16 * (1 + s), ids[s].get(), 16, cudaMemcpyDeviceToDevice, st));
+          if (here && how == Diverge::kNotAnIdentity && s == odd && r != odd) {  // BF16 rows' bytes, no magic
+            const uint32_t rows[4] = {0x3F803F80u, 0x40004000u, 0xBF80BF80u, 0x3F003F00u};
+            MHCCL_TEST_CUDA(cudaMemcpyAsync(ids[r].as<char>() + 16 * (1 + s), rows, 16, cudaMemcpyHostToDevice, st));
+          }
         }
       }
       for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch_fallback_leave(fp[r], st));
       MHCCL_TEST_CUDA(cudaStreamSynchronize(st));
       for (int r = 0; r < tp; ++r) {
         const ErrorRecord t = comm.sinks[r]->timeout();
-        const bool expect = diverges && call >= kDivergeAt;
-        if (!expect) {
+        if (!finds(r)) {
           EXPECT_NE(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": a record, code " << t.code;
-          EXPECT_EQ(comm.sinks[r]->fault(), 0u) << "call " << call << ", rank " << r;
+          const bool raised_by_others = how == Diverge::kNotAnIdentity && call >= kDivergeAt;
+          EXPECT_EQ(comm.sinks[r]->fault() != 0, raised_by_others) << "call " << call << ", rank " << r;
           continue;
         }
         ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
@@ -1117,6 +1129,9 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
             break;
           case Diverge::kOtherOp:
             EXPECT_NE(identity_op_serial(t.mine), identity_op_serial(t.theirs)) << "rank " << r;
+            break;
+          case Diverge::kNotAnIdentity:
+            EXPECT_EQ(t.theirs.w[0], 0x3F803F80u) << "rank " << r << ": the slot's bytes as found";
             break;
           default:
             break;
