@@ -3,6 +3,8 @@
 // the checks: a store never lands on a slot still holding data (not yet reset), a poll only ever
 // completes on its own call's tag, and no interleaving deadlocks. With two generations instead
 // of three the same model fails, so the test can fail.
+#include <algorithm>
+#include <cstddef>
 #include <map>
 #include <random>
 #include <string>
@@ -214,5 +216,128 @@ TEST(ProtocolModel, ResetWithThisCallsRowsFails) {
 TEST(ProtocolModel, OwnerResettingContributionsHoldsToo) {
   for (int tp : {2, 4}) EXPECT_EQ(run_many(tp, 3, 200, 17 + tp, false, false), "") << tp;
 }
+// --- The NCCL fallback's pairing (PROTOCOL.md I19) ---------------------------------------------
+// A model of the fallback's calls: the ranks run one program of calls over a communicator's ops
+// (two all-reduce ops of one configuration and an all-gather), each rank with its own
+// perturbations (a step rejected on it alone, a step rejected on every rank, another M at a
+// step, two unlike neighbouring steps swapped); a rank's NCCL sequence is its calls that were not
+// rejected, each carrying the identity the kernels compute (the same constexpr functions). NCCL
+// pairs the ranks' calls by their place. The promise checked: at every place before the first
+// whose identities differ (where every rank records kDivergence), the ranks have made the same
+// sequence of calls as the library sees them (each call's op, kind, variant and M, or that it
+// was rejected), so no call returns another call's data without an error; a rank left with
+// calls past the shortest sequence waits (the watchdog's kPeerTimeout). (Sequences that agree so
+// far may still pair different steps of the program, where perturbations made one rank's calls
+// look like another's: the caller's data then differs, not the calls.) Not modelled: a rank making
+// a call its peers never make with the same arguments, which no identity finds (I19).
+struct FallbackStep {
+  int op;          // 0, 1: AllReduceMHC ops (same configuration); 2: the all-gather
+  uint32_t kind;   // kernels::OpKind
+  uint32_t variant;
+  uint64_t m;
+};
+struct FallbackCall {
+  kernels::CallIdentity id;
+  int step;
+  size_t history;  // the rank's calls so far (rejected ones too), this one included
+};
+using FallbackEvent = std::tuple<int, uint32_t, uint32_t, uint64_t, bool>;  // op, kind, variant, M, rejected
+
+// "" when the promise holds for one random program and perturbation; else what broke it.
+// `with_serial`, `with_rejected` false: the identity without the op's serial number, or without
+// the rejected count (the negative controls).
+std::string fallback_pairing_once(int tp, uint64_t seed, bool with_serial, bool with_rejected = true) {
+  std::mt19937_64 rng(seed);
+  const int steps = 12;
+  std::vector<FallbackStep> program;
+  for (int i = 0; i < steps; ++i) {
+    const int op = static_cast<int>(rng() % 3);
+    const uint32_t kind = op == 2 ? kernels::kOpAllGather
+                                  : (rng() % 2 ? kernels::kOpAllReduceCall : kernels::kOpAllReduceFinalize);
+    program.push_back({op, kind, op == 2 ? 0u : static_cast<uint32_t>(rng() % 4), 1 + rng() % 3});
+  }
+  // Every rank's sequence of NCCL calls, with its perturbations.
+  std::vector<std::vector<FallbackCall>> seq(tp);
+  std::vector<std::vector<FallbackEvent>> events(tp);
+  const int everywhere = static_cast<int>(rng() % (steps + 1));  // a step rejected on every rank (steps: none)
+  for (int r = 0; r < tp; ++r) {
+    std::vector<int> order(steps);
+    for (int i = 0; i < steps; ++i) order[i] = i;
+    std::vector<bool> rejected(steps, false);
+    std::vector<uint64_t> m(steps);
+    for (int i = 0; i < steps; ++i) m[i] = program[i].m;
+    for (int k = static_cast<int>(rng() % 3); k > 0; --k) {  // 0-2 perturbations on this rank
+      const int at = static_cast<int>(rng() % steps);
+      switch (rng() % 3) {
+        case 0: rejected[at] = true; break;
+        case 1: m[at] = program[at].m + 1 + rng() % 2; break;
+        default: {
+          // Two steps of the same op, kind, variant and M swapped are the same calls with the
+          // data swapped (the caller's to get right, not a divergence): only unlike steps swap.
+          const FallbackStep &a = program[order[at]], &b = program[order[(at + 1) % steps]];
+          if (at + 1 < steps && (a.op != b.op || a.kind != b.kind || a.variant != b.variant || a.m != b.m)) {
+            std::swap(order[at], order[at + 1]);
+          }
+        }
+      }
+    }
+    uint32_t count = 0;  // this rank's rejected calls
+    for (int i : order) {
+      const FallbackStep& st = program[i];
+      const bool rejects = i == everywhere || rejected[i];
+      // A rejected call is only counted: its arguments never reach a peer.
+      events[r].push_back(rejects ? FallbackEvent{-1, 0u, 0u, 0u, true} : FallbackEvent{st.op, st.kind, st.variant, m[i], false});
+      if (rejects) {
+        ++count;
+        continue;
+      }
+      kernels::CallIdentity id = kernels::make_call_identity(st.kind, kernels::kProtoNccl, st.variant, m[i]);
+      // Serials as Communicator::Impl::ops_agreed gives them: the communicator's agreement is 1.
+      if (with_serial) id = kernels::with_op_serial(id, static_cast<uint32_t>(2 + st.op));
+      seq[r].push_back({kernels::with_call_state(id, 0, with_rejected ? count : 0), i, events[r].size()});
+    }
+  }
+  size_t places = seq[0].size();
+  for (const auto& q : seq) places = std::min(places, q.size());
+  for (size_t p = 0; p < places; ++p) {
+    bool differ = false, other_history = false;
+    const auto history = [&](int r) {
+      return std::vector<FallbackEvent>(events[r].begin(), events[r].begin() + static_cast<std::ptrdiff_t>(seq[r][p].history));
+    };
+    for (int r = 1; r < tp; ++r) {
+      differ |= !kernels::identity_equal(seq[r][p].id, seq[0][p].id);
+      other_history |= history(r) != history(0);
+    }
+    if (differ) return "";  // every rank records kDivergence here; nothing before was wrong
+    if (other_history) {
+      return "seed " + std::to_string(seed) + ", place " + std::to_string(p) + ": rank 0's step " +
+             std::to_string(seq[0][p].step) + " paired after another sequence of calls, identities equal";
+    }
+  }
+  return "";
+}
+
+TEST(FallbackPairingModel, EveryShiftedPairingIsFoundAtItsFirstPlace) {
+  for (int tp : {2, 3, 4, 8}) {
+    for (uint64_t seed = 0; seed < 20000; ++seed) {
+      const std::string why = fallback_pairing_once(tp, seed * 8 + tp, true);
+      ASSERT_EQ(why, "") << "tp=" << tp;
+    }
+  }
+}
+
+// The negative controls: without the op's serial number, two ops of one configuration called in
+// swapped order on one rank pair with no identity differing; without the rejected count, a call
+// rejected on one rank shifts the pairing unseen.
+TEST(FallbackPairingModel, WithoutTheOpSerialOrTheRejectedCountShiftsPassUnseen) {
+  int no_serial = 0, no_count = 0;
+  for (uint64_t seed = 0; seed < 20000; ++seed) {
+    no_serial += !fallback_pairing_once(2, seed * 8 + 2, false).empty();
+    no_count += !fallback_pairing_once(2, seed * 8 + 2, true, false).empty();
+  }
+  EXPECT_GT(no_serial, 0);
+  EXPECT_GT(no_count, 0);
+}
+
 }  // namespace
 }  // namespace mhccl
