@@ -860,6 +860,32 @@ TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
   }
 }
 
+// The ops' serial numbers (Communicator::Impl::ops_agreed, which the NCCL fallback's identity
+// carries: PROTOCOL.md I19): one more at each op whose agreement passed, whatever its kind; none
+// for a construction every rank refused (an invalid hc); numbers are not reused after an op is
+// destroyed. Equal on every rank.
+TEST_P(AllReduceMHCTest, OpsNumberedInConstructionOrder) {
+  MHCCL_REQUIRE_TP(tp());
+  if (fp8()) GTEST_SKIP() << "runs in the MXFP8 instance";
+  Communicator::Impl& c = *comm().impl();
+  const uint32_t before = c.ops_agreed;
+  EXPECT_GE(before, 1u) << "the communicator's own agreement";
+  {
+    AllReduceMHC a(comm(), config(5120, 4, 64, 65));
+    EXPECT_EQ(c.ops_agreed, before + 1);
+    LamportAllGather g(comm(), 4096);
+    EXPECT_EQ(c.ops_agreed, before + 2);
+    EXPECT_THROW(AllReduceMHC(comm(), config(5120, 3, 64, 65)), Error);
+    EXPECT_EQ(c.ops_agreed, before + 2);
+    AllReduceMHC b(comm(), config(5120, 4, 64, 65));
+    EXPECT_EQ(c.ops_agreed, before + 3);
+  }
+  AllReduceMHC d(comm(), config(5120, 4, 64, 65));
+  EXPECT_EQ(c.ops_agreed, before + 4);
+  EXPECT_TRUE(env().same_on_all_ranks(c.ops_agreed, tp()));
+  EXPECT_TRUE(comm().usable());
+}
+
 // Names: tp1, tp2 (MXFP8 ops, as before the FP8 variant), tp1_fp8, tp1_fp8ue8m0, tp2_fp8, ...
 INSTANTIATE_TEST_SUITE_P(Tp, AllReduceMHCTest,
                          ::testing::Combine(::testing::Values(1, 2),
