@@ -91,8 +91,10 @@ struct AllReduceMHCConfig {
   int64_t streaming_min_rows = -1;
   // Testing: at TP=1, also build the Lamport mailboxes, and run a call with Protocol::kOneShot
   // or kTwoShot forced through them (the rank publishes into and polls its own mailbox: the
-  // protocols' kernels, generations and resets on one GPU). kAuto still reads x directly.
-  // Ignored at TP > 1.
+  // protocols' kernels, generations and resets on one GPU), and one with Protocol::kNccl forced
+  // through the NCCL fallback's path over the one-rank NCCL communicator (its call identity's
+  // exchange and check, the watchdog's counts, the consumer on the all-reduced rows). kAuto
+  // still reads x directly. Ignored at TP > 1.
   bool lamport_self_test = false;
   // Testing, with lamport_self_test at TP=1: kAuto runs through the own mailbox too, one-shot or
   // two-shot by the thresholds as at TP > 1 (protocol_for says which; never NCCL), so that the

@@ -154,6 +154,14 @@ struct AllReduceMHC::Impl {
            (forced == Protocol::kOneShot || forced == Protocol::kTwoShot ||
             (forced == Protocol::kAuto && cfg.lamport_self_test_auto && comm->reachable));
   }
+  // TP=1 with lamport_self_test and Protocol::kNccl forced: the NCCL fallback's path over the
+  // one-rank NCCL communicator (its identity exchange, the watchdog's counts, its NCCL operations
+  // and the consumer on the all-reduced rows), so that one GPU runs that host code too.
+  bool self_nccl(Protocol forced) const {
+    return comm->tp == 1 && cfg.lamport_self_test && forced == Protocol::kNccl;
+  }
+  // TP=1 without either self test: the consumer reads x (or computes it) itself.
+  bool direct_path(Protocol forced) const { return comm->tp == 1 && !self_mailbox(forced) && !self_nccl(forced); }
 
   Protocol resolve(int64_t m, bool finalize, Protocol forced) const {
     if (forced != Protocol::kAuto && forced != Protocol::kOneShot && forced != Protocol::kTwoShot &&
@@ -162,7 +170,8 @@ struct AllReduceMHC::Impl {
                   "protocol: expected kAuto, kOneShot, kTwoShot or kNccl, got the value " +
                       std::to_string(static_cast<int>(forced)));
     }
-    if (comm->tp == 1 && !self_mailbox(forced)) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
+    if (direct_path(forced)) return Protocol::kOneShot;  // TP=1: the consumer reads x itself
+    if (self_nccl(forced)) return Protocol::kNccl;
     if (!comm->reachable) {
       if (forced == Protocol::kOneShot || forced == Protocol::kTwoShot) {
         throw Error(ErrorCode::kUnsupported,
@@ -310,7 +319,7 @@ struct AllReduceMHC::Impl {
   // MHCCL_DEBUG=INFO: how an automatic call of m rows runs, in words.
   std::string launch_text(int64_t m, bool finalize, ConsumerVariant variant) const {
     const Protocol proto = resolve(m, finalize, Protocol::kAuto);
-    const bool direct = comm->tp == 1 && !self_mailbox(Protocol::kAuto);
+    const bool direct = direct_path(Protocol::kAuto);
     const Shape s = shape(m, finalize, variant, proto, direct);
     const ConsumerParams& cp = s.cp;
     std::string t = direct ? "direct (TP=1), one launch" : protocol_name(proto);
@@ -358,7 +367,7 @@ struct AllReduceMHC::Impl {
     const bool finalize = fin != nullptr;
     const Protocol proto = resolve(m, finalize, forced);
     Communicator::Impl& c = *comm;
-    const bool direct = c.tp == 1 && !self_mailbox(forced);
+    const bool direct = direct_path(forced);
     const ConsumerVariant variant = e.pre == nullptr ? ConsumerVariant::kResidualOnly
                                     : e.mxfp8_values != nullptr ? ConsumerVariant::kMxfp8
                                     : e.fp8_values != nullptr   ? ConsumerVariant::kFp8

@@ -365,7 +365,9 @@ TEST_P(AllReduceMHCTest, StreamingConsumerEqualsRowPerCta) {
 // TP=1 with lamport_self_test: the one-shot (single launch, publish + CTA-per-row consumer,
 // the streaming consumer whose first CTAs to arrive publish) and the two-shot (publish, owner reduce,
 // both consumers) run through the rank's own mailbox, many calls in a row (generations and
-// resets cycle), and give the bits of the direct path. At TP > 1 the other tests run them.
+// resets cycle), and give the bits of the direct path; so does the NCCL fallback's path over the
+// one-rank NCCL communicator (Protocol::kNccl with lamport_self_test), eager and replayed in a
+// CUDA graph. At TP > 1 the other tests run them.
 TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
   MHCCL_REQUIRE_TP(tp());
   if (tp() != 1) GTEST_SKIP() << "TP=1 only (at TP > 1 the protocols run between ranks)";
@@ -394,9 +396,39 @@ TEST_P(AllReduceMHCTest, LamportProtocolsThroughOwnMailboxAtTp1) {
                 << (op == &a ? " streaming" : op == &b ? " row per CTA" : " two launches");
             ++calls;
           }
+          if (op == &a) {  // the NCCL fallback's path over the one-rank NCCL communicator
+            EXPECT_EQ(run(*op, buf, p, v, Protocol::kNccl, "nccl").hash(), want)
+                << "M=" << m << " " << variant_name(v) << (fin ? " finalize" : " call") << " nccl";
+            ++calls;
+          }
         }
       }
     }
+  }
+  // The NCCL fallback's path captured into a CUDA graph (its identity kernels and its two NCCL
+  // operations), replayed with new inputs: right each time, and no error recorded (every
+  // replay's identity is the call's: the op's call count is not part of it).
+  {
+    const Variant gv = variants().front();
+    const Problem p0 = testing::make_problem(seed++, 8, 5120, 4, 1, false);
+    run(a, buf, p0, gv, Protocol::kNccl, "nccl before the capture");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MHCCL_TEST_CUDA(cudaStreamBeginCapture(env().stream, cudaStreamCaptureModeThreadLocal));
+    launch(a, p0, gv, Protocol::kNccl, buf, env().device, env().stream);
+    MHCCL_TEST_CUDA(cudaStreamEndCapture(env().stream, &graph));
+    MHCCL_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      const Problem p = testing::make_problem(seed++, 8, 5120, 4, 1, false);
+      upload(p, rank(), buf);
+      MHCCL_TEST_CUDA(cudaGraphLaunch(exec, env().stream));
+      MHCCL_TEST_CUDA(cudaStreamSynchronize(env().stream));
+      EXPECT_EQ(check(p, gv, download(p, gv, buf)), "") << "nccl, graph replay " << rep;
+      ++calls;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    EXPECT_NO_THROW(comm().check_errors());
   }
   // The automatic launch shape from kPollStreamingMinRows rows: the two-shot's publish and
   // owners' reduce (its CTAs capped at those resident, each looping over rows), then the
