@@ -497,9 +497,12 @@ void Communicator::Impl::check_for_construction(const char* what) {
 
 void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason, unusable_context);
-  check_fallback();
-  // A timeout first (fatal), then, for check_errors() only, a route report.
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
+  // A divergence this rank's kernels recorded comes before the watchdog's timeout: on the NCCL
+  // fallback a divergence can leave a later call with no partner, whose stuck operation the
+  // watchdog then ends (PROTOCOL.md I19); the divergence is the cause to report.
+  if (r->ready != r->epoch + 1 || r->code != kernels::kDivergence) check_fallback();
+  // A timeout first (fatal), then, for check_errors() only, a route report.
   if (r->ready != r->epoch + 1) {
     if (!report_routes) return;  // route reports are left for check_errors()
     // A fault another rank raised that no kernel of this rank has seen yet (this rank idle, or

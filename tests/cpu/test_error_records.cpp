@@ -194,6 +194,24 @@ TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
   EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
 }
 
+// A divergence recorded and the NCCL fallback's watchdog tripped (a later call left with no
+// partner by it): the divergence, the cause, is what is reported; unusable after. The watchdog
+// alone still reports kPeerTimeout.
+TEST_F(ErrorRecords, DivergenceReportedBeforeTheWatchdogsTimeout) {
+  im.watchdog_reason = "the NCCL fallback made no progress";
+  im.watchdog_tripped = true;
+  EXPECT_EQ(check_code(false), ErrorCode::kPeerTimeout);
+  im.unusable = false;
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
+  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
+  const kernels::CallIdentity host = kernels::with_op_serial(
+      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 8), 2);
+  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 0, 0);
+  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 0, 1);
+  EXPECT_EQ(check_code(false), ErrorCode::kDivergence);
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+
 // A divergence another rank found, seen here as its fault: kDivergence naming that rank.
 TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 3, kernels::fault_word(3, 0, true));
