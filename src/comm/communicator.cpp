@@ -409,10 +409,20 @@ void Communicator::Impl::check_fallback() {
   if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
-void Communicator::Impl::fallback_mark(bool in, kernels::FallbackParams& fp, cudaStream_t stream) {
+void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,
+                                       const std::function<ncclResult_t()>& rows, cudaStream_t stream, const char* what,
+                                       bool& launched) {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+  if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(who) + ": the NCCL communicator was aborted");
+  kernels::FallbackParams fp = {};
+  fp.err = err;
+  fp.id = id;
   fp.progress = fallback_progress_device;
-  MHCCL_CUDA(in ? kernels::launch_fallback_enter(fp, stream) : kernels::launch_fallback_leave(fp, stream));
-  if (in && options.watchdog && !watchdog.joinable()) {
+  fp.ids = ids;
+  fp.tp = tp;
+  MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
+  launched = true;
+  if (options.watchdog && !watchdog.joinable()) {
     // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
     const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
     watchdog = std::thread([this, every] {
@@ -423,13 +433,15 @@ void Communicator::Impl::fallback_mark(bool in, kernels::FallbackParams& fp, cud
       }
     });
   }
+  char* slots = static_cast<char*>(ids);
+  nccl_wait(ncclAllGather(slots, slots + 16, 16, ncclUint8, comm, stream), "ncclAllGather of the NCCL fallback's call identities");
+  nccl_wait(rows(), what);
+  MHCCL_CUDA(kernels::launch_fallback_leave(fp, stream));
 }
 
-void Communicator::Impl::fallback_collectives(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
-                                              cudaStream_t stream, const char* what) {
-  char* ids = static_cast<char*>(fp.ids);
-  nccl_wait(ncclAllGather(ids, ids + 16, 16, ncclUint8, comm, stream), "ncclAllGather of the NCCL fallback's call identities");
-  nccl_wait(rows(), what);
+void Communicator::Impl::ready_fallback_ids(void*& ids, cudaStream_t stream) {
+  if (ids == nullptr) MHCCL_CUDA(cudaMalloc(&ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
+  MHCCL_CUDA(cudaMemsetAsync(ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), stream));
 }
 
 void Communicator::Impl::release(std::initializer_list<void*> ptrs) {

@@ -76,20 +76,23 @@ struct Communicator::Impl {
   std::string watchdog_reason;  // set before watchdog_tripped
   std::thread watchdog;
   std::atomic<bool> watchdog_stop{false};
-  // Counts a fallback call in (before its NCCL operations) or out (after them), stream-ordered;
-  // starts the watchdog thread at the first one. The same kernels carry the call's identity
-  // (kernels/params.h, FallbackParams; PROTOCOL.md I19): in, this rank's is written into
-  // fp.ids[0]; out, every rank's (all-gathered by fallback_collectives) is checked against it.
-  // `fp`: its err, id, ids and tp set by the op (progress is set here).
-  void fallback_mark(bool in, kernels::FallbackParams& fp, cudaStream_t stream);
-  // The fallback's NCCL operations, between the two marks: the identities' 16-byte ncclAllGather
-  // (fp.ids[0] into fp.ids[1, 1 + tp)), then `rows` (the call's collective), each bounded like
-  // nccl_wait. Two operations, not one group: NCCL orders a group's collectives by size, so where
-  // ranks' rows differ in count (the divergence this exists to find) the rows' traffic could land
-  // in the identity slots; alone and first, the identities' exchange pairs cleanly whenever every
-  // earlier operation did.
-  void fallback_collectives(const kernels::FallbackParams& fp, const std::function<ncclResult_t()>& rows,
-                            cudaStream_t stream, const char* what);
+  // One NCCL fallback call of an op, under nccl_mutex (throws kUnusable, "<who>: the NCCL
+  // communicator was aborted", where the watchdog aborted it):
+  //  - fallback_enter counts the call in (the watchdog's progress counts, stream-ordered; the
+  //    watchdog thread starts at the first call) and writes this rank's identity of the call
+  //    (kernels/params.h, FallbackParams; PROTOCOL.md I19) into the op's identity buffer `ids`;
+  //  - the identities' 16-byte ncclAllGather, then `rows` (the call's collective), each bounded
+  //    like nccl_wait. Two operations, not one group: NCCL orders a group's collectives by size,
+  //    so where ranks' rows differ in count (the divergence this exists to find) the rows'
+  //    traffic could land in the identity slots; alone and first, the identities' exchange pairs
+  //    cleanly whenever every earlier operation did;
+  //  - fallback_leave counts it out and checks every rank's identity against this rank's.
+  // `launched` is set once the first kernel went out (guarded_call: a failure after it is fatal).
+  void fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,
+                     const std::function<ncclResult_t()>& rows, cudaStream_t stream, const char* what, bool& launched);
+  // An op's fallback identity buffer (kernels::fallback_ids_bytes): allocated where `ids` is
+  // null, its call count zeroed in order on `stream`.
+  static void ready_fallback_ids(void*& ids, cudaStream_t stream);
   // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
   void check_fallback();
   bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread

@@ -222,10 +222,9 @@ struct LamportState {
 
 // The NCCL fallback's call identity (PROTOCOL.md, I19). Its calls publish into no mailbox, so
 // no call header can travel beside their rows: instead each rank's identity of the call is
-// all-gathered just before the rows' collective (a 16-byte ncclAllGather of its own:
-// Communicator::Impl::fallback_collectives), and every rank compares every rank's against its
-// own. Two kernels bracket the two NCCL operations (they are the watchdog's progress counts too,
-// Communicator::Impl::fallback_mark):
+// all-gathered just before the rows' collective (a 16-byte ncclAllGather of its own), and every
+// rank compares every rank's against its own. Two kernels bracket the two NCCL operations (they
+// are the watchdog's progress counts too); Communicator::Impl::fallback_call runs the four:
 //  - fallback_enter: counts the call entered, advances the op's fallback call count (for the
 //    error record's call index), reads this rank's rejected count (ErrorSink::fault + 1, in
 //    stream order, as the Lamport kernels do), writes with_call_state(id, 0, rejected) into

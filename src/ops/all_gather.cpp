@@ -66,8 +66,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
       MHCCL_CUDA(cudaMemsetAsync(im.state, 0, sizeof(kernels::LamportState), im.comm->setup_stream));
       im.comm->setup_wait("LamportAllGather construction");
     } else if (im.comm->tp > 1) {  // the NCCL fallback: its identity buffer, the call count zeroed
-      MHCCL_CUDA(cudaMalloc(&im.fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
-      MHCCL_CUDA(cudaMemsetAsync(im.fallback_ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), im.comm->setup_stream));
+      Communicator::Impl::ready_fallback_ids(im.fallback_ids, im.comm->setup_stream);
       im.comm->setup_wait("LamportAllGather construction");
     }
     MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
@@ -145,22 +144,14 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     }
     void* dst = static_cast<char*>(out.data) + out.byte_offset;
     if (c.tp > 1 && !c.reachable) {  // NCCL fallback: every byte as sent, as on the Lamport path
-      // The call's identity is all-gathered first (PROTOCOL.md I19), and the marks around the
-      // two are the watchdog's progress counts (NCCL's wait has no budget of its own).
-      kernels::FallbackParams fp = {};
-      fp.err = c.sink(kernels::kOpAllGather);
-      fp.id = kernels::with_op_serial(
+      // The call's identity is exchanged and checked with it (PROTOCOL.md I19), between the
+      // watchdog's progress counts (NCCL's wait has no budget of its own).
+      const kernels::CallIdentity id = kernels::with_op_serial(
           kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0, static_cast<uint64_t>(bytes / 16)),
           im.op_serial);
-      fp.ids = im.fallback_ids;
-      fp.tp = c.tp;
-      std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
-      if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "LamportAllGather: the NCCL communicator was aborted");
-      c.fallback_mark(true, fp, stream);
-      launched = true;
-      c.fallback_collectives(fp, [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
-                       stream, "ncclAllGather of the NCCL fallback");
-      c.fallback_mark(false, fp, stream);
+      c.fallback_call("LamportAllGather", c.sink(kernels::kOpAllGather), id, im.fallback_ids,
+                      [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
+                      stream, "ncclAllGather of the NCCL fallback", launched);
       return;
     }
     kernels::AllGatherParams p = {};

@@ -244,10 +244,7 @@ struct AllReduceMHC::Impl {
   }
   // The NCCL path's rows and its identity buffer (its call count zeroed, in order on `stream`).
   void alloc_fallback(size_t row_bytes_total, cudaStream_t stream) {
-    if (fallback_ids == nullptr) {  // a retry after a failure below allocates it once
-      MHCCL_CUDA(cudaMalloc(&fallback_ids, static_cast<size_t>(kernels::fallback_ids_bytes())));
-    }
-    MHCCL_CUDA(cudaMemsetAsync(fallback_ids, 0, static_cast<size_t>(kernels::fallback_ids_bytes()), stream));
+    Communicator::Impl::ready_fallback_ids(fallback_ids, stream);  // a retry after a failure below allocates it once
     MHCCL_CUDA(cudaMalloc(&fallback_rows, row_bytes_total));
   }
 
@@ -494,26 +491,16 @@ struct AllReduceMHC::Impl {
         MHCCL_CUDA(kernels::launch_publish(pp, stream, pdl));
         src = fallback_rows;
       }
-      // Bracketed by the watchdog's progress counts (Communicator::Impl::fallback_mark): NCCL's
-      // wait for a peer has no budget of its own. The marks and the first NCCL operation carry
-      // the call's identity (PROTOCOL.md I19: every rank checks every rank's; the op's serial
-      // number too, since ops share the NCCL communicator).
-      kernels::FallbackParams fp = {};
-      fp.err = cp.err;
-      fp.id = kernels::with_op_serial(
+      // Bracketed by the watchdog's progress counts (NCCL's wait for a peer has no budget of its
+      // own), with the call's identity exchanged and checked (PROTOCOL.md I19: every rank checks
+      // every rank's; the op's serial number too, since ops share the NCCL communicator).
+      const kernels::CallIdentity id = kernels::with_op_serial(
           kernels::make_call_identity(op, kernels::kProtoNccl, static_cast<uint32_t>(variant), static_cast<uint64_t>(m)),
           op_serial);
-      fp.ids = fallback_ids;
-      fp.tp = c.tp;
-      std::lock_guard<std::recursive_mutex> lock(c.nccl_mutex);
-      if (c.comm == nullptr) throw Error(ErrorCode::kUnusable, "protocol nccl: the NCCL communicator was aborted");
-      c.fallback_mark(true, fp, stream);
-      launched = true;
-      c.fallback_collectives(fp, [&] {
+      c.fallback_call("protocol nccl", cp.err, id, fallback_ids, [&] {
         return ncclAllReduce(src, fallback_rows, static_cast<size_t>(m * cfg.hidden_size), ncclBfloat16, ncclSum, c.comm,
                              stream);
-      }, stream, "ncclAllReduce of the NCCL fallback");
-      c.fallback_mark(false, fp, stream);
+      }, stream, "ncclAllReduce of the NCCL fallback", launched);
       cp.in = fallback_rows;
     }
     launch(kernels::launch_consumer(cp, cfg.hc_mult, s.input, variant, stream, pdl), "launch of the consumer");
