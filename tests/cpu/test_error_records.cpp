@@ -42,6 +42,18 @@ class ErrorRecords : public ::testing::Test {
     im.options.wait_timeout_ms = 1000;
   }
   void TearDown() override { im.record = nullptr; }  // not pinned memory: nothing to free
+  // What fallback_leave_kernel records when rank 1's identity of an M-row call carries one more
+  // rejected call than this rank's (kProtoNccl: no generation; `call`: the op's fallback call).
+  void fallback_divergence(int64_t m, uint32_t call) {
+    kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
+    ErrorRecord& r = records[kernels::kTimeoutRecord];
+    r.protocol = kernels::kProtoNccl;
+    r.call = call;
+    const kernels::CallIdentity host = kernels::with_op_serial(
+        kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, static_cast<uint64_t>(m)), 2);
+    r.mine = kernels::with_call_state(host, 0, 0);
+    r.theirs = kernels::with_call_state(host, 0, 1);
+  }
   ErrorCode check_code(bool report_routes) {
     try {
       im.check(report_routes);
@@ -171,13 +183,7 @@ TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
 // A divergence the NCCL fallback's check found (kProtoNccl): named like the Lamport ones, at the
 // op's fallback call count, with no generation or row (it has neither).
 TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
-  kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
-  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
-  records[kernels::kTimeoutRecord].call = 9;
-  const kernels::CallIdentity host = kernels::with_op_serial(
-      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 64), 2);
-  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 0, 0);
-  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 0, 1);
+  fallback_divergence(64, 9);
   try {
     im.check(false);
     ADD_FAILURE() << "no divergence reported";
@@ -202,12 +208,7 @@ TEST_F(ErrorRecords, DivergenceReportedBeforeTheWatchdogsTimeout) {
   im.watchdog_tripped = true;
   EXPECT_EQ(check_code(false), ErrorCode::kPeerTimeout);
   im.unusable = false;
-  kernel_records(records, kernels::kTimeoutRecord, kernels::kDivergence, /*peer*/ 1, 0);
-  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
-  const kernels::CallIdentity host = kernels::with_op_serial(
-      kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoNccl, 0, 8), 2);
-  records[kernels::kTimeoutRecord].mine = kernels::with_call_state(host, 0, 0);
-  records[kernels::kTimeoutRecord].theirs = kernels::with_call_state(host, 0, 1);
+  fallback_divergence(8, 0);
   EXPECT_EQ(check_code(false), ErrorCode::kDivergence);
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }

@@ -301,12 +301,10 @@ std::string fallback_pairing_once(int tp, uint64_t seed, bool with_serial, bool 
   for (const auto& q : seq) places = std::min(places, q.size());
   for (size_t p = 0; p < places; ++p) {
     bool differ = false, other_history = false;
-    const auto history = [&](int r) {
-      return std::vector<FallbackEvent>(events[r].begin(), events[r].begin() + static_cast<std::ptrdiff_t>(seq[r][p].history));
-    };
+    const auto history_end = [&](int r) { return events[r].begin() + static_cast<std::ptrdiff_t>(seq[r][p].history); };
     for (int r = 1; r < tp; ++r) {
       differ |= !kernels::identity_equal(seq[r][p].id, seq[0][p].id);
-      other_history |= history(r) != history(0);
+      other_history |= !std::equal(events[r].begin(), history_end(r), events[0].begin(), history_end(0));
     }
     if (differ) return "";  // every rank records kDivergence here; nothing before was wrong
     if (other_history) {
