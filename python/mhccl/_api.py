@@ -292,21 +292,16 @@ def fp8_group_scales_view(scales: Tensor, m: int, hidden: int) -> Tensor:
             f"(columns of Mp = fp8_group_scale_rows({m}) = {mp} floats, 16-byte aligned "
             "as DeepGEMM's TMA-aligned layout; vLLM's tma_aligned_scales=True) or the "
             f"flat buffer of {floats} floats, got column stride {scales.stride(1)}")
-    # At m == G == Mp (e.g. m = 40 at hidden = 5120) [m, G] is also [G, Mp], the storage order
-    # itself, and the two cannot be told apart: taken as [G, Mp], as the C++ check does.
-    if m_by_g and scales.is_contiguous() and not m == groups == mp:
-        raise InvalidArgumentError(
-            f"scales: expected the flat buffer of {floats} floats or the MN-major view "
-            f"[{m}, {groups}] with strides (1, {mp}), got the row-major shape "
-            f"[{m}, {groups}] with strides {tuple(scales.stride())}, whose element "
-            "[r, g] would not be scale(r, g) (at g * Mp + r)")
-    # The padded row-major [Mp, G] (m % 4 != 0): the same trap; where Mp == G it is [G, Mp].
-    if (tuple(scales.shape) == (mp, groups) and mp != m and groups > 1 and mp != groups
-            and scales.is_contiguous()):
+    # A row-major [m, G], or the padded [Mp, G] (m % 4 != 0): its [r, g] is not scale(r, g).
+    # Where the shape is also [G, Mp] (rows == G == Mp, e.g. m = 40 at hidden = 5120), the
+    # storage order itself, the two cannot be told apart: taken as [G, Mp], as the C++ check does.
+    rows = scales.shape[0] if scales.dim() == 2 else 0
+    if (rows in (m, mp) and rows > 1 and tuple(scales.shape) == (rows, groups) and groups > 1
+            and not rows == groups == mp and scales.is_contiguous()):
         raise InvalidArgumentError(
             f"scales: expected the flat buffer of {floats} floats, [G, Mp] = [{groups}, {mp}], "
             f"or the MN-major view [{m}, {groups}] with strides (1, {mp}), got the row-major "
-            f"shape [{mp}, {groups}] with strides {tuple(scales.stride())}, whose element "
+            f"shape [{rows}, {groups}] with strides {tuple(scales.stride())}, whose element "
             "[r, g] would not be scale(r, g) (at g * Mp + r)")
     if scales.numel() != floats or not scales.is_contiguous():
         raise InvalidArgumentError(

@@ -186,25 +186,15 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
     invalid(std::string(name) + ": expected dtype float32, got " + describe_dtype(s.dtype));
   }
   if (!is_fp8_scales_view(s, m, groups, mp)) {
-    // A row-major [M, G] tensor holds Mp * G floats exactly when M % 4 == 0, but scale(r, g)
-    // sits at g * Mp + r, not at r * G + g: refused, so a reader of scales[r, g] never gets the
-    // wrong group's scale. Where M == G == Mp (e.g. M = 40 at H = 5120) that shape is also
-    // [G, Mp], the layout's own storage order, and the two cannot be told apart: taken as
-    // [G, Mp].
-    const bool is_g_by_mp = m == groups && groups == mp;
+    // A row-major [M, G] tensor, or the padded [Mp, G] (at M % 4 != 0), holds Mp * G floats
+    // where M % 4 == 0 (or always, padded), but scale(r, g) sits at g * Mp + r, not at r * G + g:
+    // refused, so a reader of scales[r, g] never gets the wrong group's scale. Where the shape
+    // is also [G, Mp] (rows == G == Mp, e.g. M = 40 at H = 5120), the layout's own storage
+    // order, the two cannot be told apart: taken as [G, Mp].
     const bool m_by_g = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1;
-    if (m_by_g && is_contiguous(s) && !is_g_by_mp) {
-      invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
-              " floats or the MN-major view " + shape_str({m, groups}) + " with strides " + shape_str({1, mp}) +
-              " (scale(r, g) at g * " + std::to_string(mp) + " + r), got the row-major shape " +
-              describe_shape(s) + " with strides " + strides_str(s) +
-              ", whose element [r, g] would not be scale(r, g)");
-    }
-    // The padded row-major [Mp, G] (at M % 4 != 0; at M % 4 == 0 it is [M, G], above): the
-    // same trap, its element [r, g] at r * G + g. Where Mp == G it is also [G, Mp]: taken so.
-    const bool mp_by_g = s.ndim == 2 && s.shape[0] == mp && s.shape[1] == groups && mp != m && groups > 1 &&
-                         mp != groups;
-    if (mp_by_g && is_contiguous(s)) {
+    const bool rows_by_g = s.ndim == 2 && (s.shape[0] == m || s.shape[0] == mp) && s.shape[1] == groups &&
+                           s.shape[0] > 1 && groups > 1 && !(s.shape[0] == groups && groups == mp);
+    if (rows_by_g && is_contiguous(s)) {
       invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
               " floats, [G, Mp] = " + shape_str({groups, mp}) + ", or the MN-major view " + shape_str({m, groups}) +
               " with strides " + shape_str({1, mp}) + " (scale(r, g) at g * " + std::to_string(mp) +
