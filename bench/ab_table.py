@@ -28,14 +28,15 @@ from collections import OrderedDict, defaultdict
 
 
 def row_key(row: dict) -> tuple | None:
-    """(op, protocol, M, TP) of a timed row; None for rows that are not timings."""
+    """(op, protocol, M, TP) of a timed row; None for rows that are not timings. A row with no M
+    (the launch and row floors, timed once a run) has M 0, printed as "-"."""
     if "us_median" not in row or row.get("us_median") is None:
         return None
     op = row["op"].split(".")[-1]
     if row.get("variant") not in (None, "plain"):
         op += " " + row["variant"]
     tp = row.get("simulated") or row.get("tp", 1)
-    return (op, row.get("protocol", ""), int(row["m"]), int(tp))
+    return (op, row.get("protocol", ""), int(row.get("m", 0)), int(tp))
 
 
 def load(files: list[str]) -> "OrderedDict[str, list[dict]]":
@@ -102,14 +103,14 @@ def main(argv: list[str]) -> int:
     print("|" + "---|" * 4 + "---:|" * (len(head) - 4))
     for key in keys:
         op, proto, m, tp = key
-        if ms is not None and m not in ms:
+        if ms is not None and m != 0 and m not in ms:  # the floors without an M stay: the run's reference
             continue
         if args.protocol and args.protocol not in proto:
             continue
         if args.op and args.op not in op:
             continue
         b = mean[key].get(base)
-        cells = [op, proto, str(tp), str(m), f"{b:.2f}" if b is not None else "-"]
+        cells = [op, proto, str(tp), str(m) if m else "-", f"{b:.2f}" if b is not None else "-"]
         for n in others:
             v = mean[key].get(n)
             if v is None:

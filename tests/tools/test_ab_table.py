@@ -13,7 +13,8 @@ import ab_table  # noqa: E402
 
 
 def bench_json(path, commit, call_us, floor_us):
-    rows = [{"op": "bandwidth", "copy_gbps": 4000.0, "peer_store_gbps": 0.0, "tp": 1}]
+    rows = [{"op": "bandwidth", "copy_gbps": 4000.0, "peer_store_gbps": 0.0, "tp": 1},
+            {"op": "launch_floor", "tp": 1, "us_median": floor_us / 2}]  # timed once a run: no M
     for m, us in call_us.items():
         rows.append({"op": "allreduce_mhc.call", "protocol": "one-shot (own mailbox)", "variant": "plain",
                      "m": m, "tp": 1, "us_median": us, "lamport_floor_us": floor_us})
@@ -50,6 +51,9 @@ def main():
     rc, out = run(["--base", "bbb", "--m", "64", "--op", "call", a1, a2, b1])
     assert rc == 0 and "| call | one-shot (own mailbox) | 1 | 64 | 11.00 | 10.00 (-1.00, -9.1%) | 0.00 |" in out, out
     assert "| 1 | 1 |" not in out and "finalize" not in out, out
+    # A row with no M (the launch floor) is printed with M "-", under --m too.
+    rc, out = run(["--m", "64", a1, a2, b1])
+    assert rc == 0 and "| launch_floor |  | 1 | - | 1.00 | 0.75 (-0.25, -25.0%) | 0.00 |" in out, out
 
     # NAME=FILE overrides the commit recorded in the file; a path holding "=" is a path.
     rc, out = run(["x=" + a1, "y=" + b1])
