@@ -158,7 +158,10 @@ if [[ " $stages " == *" profile "* ]]; then
   # bench's first M). PROFILE_TREES: older trees (as AB_TREES; built as the abtree stage builds
   # them) whose mhccl-bench is profiled the same way after this build's. PROFILE_SECTIONS: ncu's
   # sections (default: speed of light, warp states, launch, instructions, scheduler, memory);
-  # PROFILE_METRICS: metrics besides them (a comma list).
+  # PROFILE_METRICS: metrics besides them (a comma list). PROFILE_SOURCE=1: also the warp
+  # stall sampling of every SASS instruction (ncu's SourceCounters section, sampling every 32
+  # cycles; the report kept as ncu-TAG.ncu-rep and its source page as ncu-src-TAG.csv), to see
+  # which instructions a few hundred nanoseconds of difference between two builds wait at.
   # ncu runs kernels one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
   pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
   sections=()
@@ -166,6 +169,7 @@ if [[ " $stages " == *" profile "* ]]; then
     sections+=(--section "$sec")
   done
   [[ -n ${PROFILE_METRICS:-} ]] && sections+=(--metrics "$PROFILE_METRICS")  # e.g. sm__cycles_active.min,sm__cycles_active.max
+  [[ ${PROFILE_SOURCE:-0} == 1 ]] && sections+=(--section SourceCounters --section WarpStateStats --sampling-interval 0)
   ptrees=(${PROFILE_TREES:-})
   [[ ${#ptrees[@]} -gt 0 ]] && build_trees "${ptrees[@]}"
   for which in new "${ptrees[@]}"; do
@@ -173,9 +177,16 @@ if [[ " $stages " == *" profile "* ]]; then
     target=("$bdir/tests/gpu/mhccl_gpu_tests" --gtest_filter="${PROFILE_FILTER:-Tp/AllReduceMHCTest.PdlOnOffBitwiseEqual/tp1}")
     [[ -n ${PROFILE_BENCH_ARGS:-} ]] && target=("$bdir/tools/bench/mhccl-bench" $PROFILE_BENCH_ARGS)
     stamp "ncu ($which): $pk in ${target[*]:1}"
+    # With PROFILE_SOURCE the report is exported (ncu then prints no results) and read back.
+    rep=(); [[ ${PROFILE_SOURCE:-0} == 1 ]] && rep=(--export "$OUT/ncu-$tag" --force-overwrite)
     timeout ${PROFILE_TIMEOUT:-240} ncu --clock-control none -k "regex:$pk" --launch-skip ${PROFILE_SKIP:-0} \
-      --launch-count ${PROFILE_COUNT:-2} "${sections[@]}" "${target[@]}" > "$OUT/ncu-$tag.txt" 2>&1
+      --launch-count ${PROFILE_COUNT:-2} "${sections[@]}" "${rep[@]}" "${target[@]}" > "$OUT/ncu-$tag.txt" 2>&1
     echo "ncu ($which) rc=$?"
+    if [[ ${PROFILE_SOURCE:-0} == 1 ]]; then
+      timeout 120 ncu --import "$OUT/ncu-$tag.ncu-rep" --page details >> "$OUT/ncu-$tag.txt" 2>&1
+      timeout 120 ncu --import "$OUT/ncu-$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-src-$tag.csv" 2>&1
+      echo "ncu source page ($which) rc=$? ($(wc -l < "$OUT/ncu-src-$tag.csv") lines)"
+    fi
     grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per${PROFILE_METRICS:+|${PROFILE_METRICS//,/|}}" \
       "$OUT/ncu-$tag.txt" | head -${PROFILE_LINES:-80}
   done
