@@ -235,7 +235,8 @@ std::string fault_message(int rank, const std::string& where, uint32_t word, uin
            std::to_string(peer) + " died, hung, or issued a different sequence of calls)";
   }
   return msg + " and stopped the group: no rank stores into a mailbox after a fault, so this rank's calls from then "
-               "on did not complete. The communicator is unusable: destroy it and its ops and build them again";
+               "on did not complete (on the NCCL fallback they completed, but their rows may be another call's: their "
+               "outputs are not to be used). The communicator is unusable: destroy it and its ops and build them again";
 }
 
 ErrorCode fault_code(uint32_t word) {
@@ -352,6 +353,9 @@ bool Communicator::Impl::nccl_settles_quietly() {
 }
 
 void Communicator::Impl::setup_wait(const char* what) {
+  // It asks the NCCL communicator for its errors: under nccl_mutex, which the watchdog takes to
+  // abort it (bounded: the wait is).
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
   cudaError_t st = cudaSuccess;
   ncclResult_t async = ncclSuccess;
   const bool done = poll_within(options.wait_timeout_ms, [&] {
@@ -409,6 +413,15 @@ void Communicator::Impl::check_fallback() {
   if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
+void Communicator::Impl::apart_after_launch(const char* what, const char* failure, const ErrorContext& context) {
+  if (tp <= 1 || unusable) return;
+  unusable = true;
+  unusable_context = context;
+  unusable_reason = std::string(what) + " on rank " + std::to_string(rank) + " failed after its first launch (" +
+                    failure + "): this rank's protocol state is apart from its peers'; destroy the "
+                    "communicator and its ops and build them again";
+}
+
 void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,
                                        const std::function<ncclResult_t()>& rows, cudaStream_t stream, const char* what,
                                        bool& launched) {
@@ -420,8 +433,9 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
   fp.progress = fallback_progress_device;
   fp.ids = ids;
   fp.tp = tp;
-  MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
-  launched = true;
+  // The watchdog's thread first: its start can fail (std::system_error), and a failure before the
+  // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
+  // then differ by), not half made.
   if (options.watchdog && !watchdog.joinable()) {
     // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
     const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
@@ -433,6 +447,8 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
       }
     });
   }
+  MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
+  launched = true;
   char* slots = static_cast<char*>(ids);
   nccl_wait(ncclAllGather(slots, slots + 16, 16, ncclUint8, comm, stream), "ncclAllGather of the NCCL fallback's call identities");
   nccl_wait(rows(), what);
@@ -574,6 +590,17 @@ void Communicator::Impl::check(bool report_routes) {
     fail(ErrorCode::kDivergence, comm::divergence_message(rank, e.peer, at, e.mine, e.theirs),
          ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
+  if (e.code == kernels::kWaitTimeout && e.protocol == kernels::kProtoNccl) {
+    // The NCCL fallback's exchange of identities left that rank's slot empty (PROTOCOL.md I19).
+    const std::string peer = e.peer >= 0 ? std::to_string(e.peer) : std::string("(unknown)");
+    fail(ErrorCode::kPeerTimeout,
+         where + " on rank " + std::to_string(rank) + ": rank " + peer +
+             "'s call identity did not arrive in the NCCL fallback's exchange (its NCCL operation was aborted, or "
+             "another operation of another sequence of calls paired with it), so the call's rows are not taken for "
+             "this call's. Every rank of the group was told to stop. The communicator is unusable: destroy it and "
+             "its ops and build them again",
+         ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
+  }
   if (e.code == kernels::kWaitTimeout) {
     const std::string peer = e.peer >= 0 ? std::to_string(e.peer) : std::string("(unknown)");
     const std::string msg =
@@ -599,6 +626,9 @@ void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op, con
                                                  std::to_string(kSetupWords) + " values, got " + std::to_string(n));
   }
   detail::DeviceGuard guard(device);
+  // Under nccl_mutex (the fallback's watchdog may abort the NCCL communicator from its thread);
+  // every wait below is bounded by the budget, so the watchdog waits at most that long for it.
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
   if (tp > 1) {
     if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(what) + ": the NCCL communicator was aborted");
     MHCCL_CUDA(cudaMemcpyAsync(setup_words, values, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
@@ -857,6 +887,8 @@ void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, 
     MHCCL_CUDA(cudaMalloc(&w.ptr, size));
   } else {
     MHCCL_NCCL(ncclMemAlloc(&w.ptr, size));
+    std::lock_guard<std::recursive_mutex> lock(nccl_mutex);  // as all_reduce_ints: the watchdog may abort
+    if (comm == nullptr) throw Error(ErrorCode::kUnusable, "symmetric window registration: the NCCL communicator was aborted");
     nccl_wait(ncclCommWindowRegister(comm, w.ptr, size, &w.window, NCCL_WIN_COLL_SYMMETRIC),
               "symmetric window registration (ncclCommWindowRegister)");
   }
@@ -895,10 +927,20 @@ void Communicator::Impl::free_window(Window& w) {
     // live window.
     if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
   } else {
-    cudaDeviceSynchronize();
+    cudaDeviceSynchronize();  // not under nccl_mutex: the watchdog may need it to end a stuck NCCL kernel
+    // The NCCL communicator under nccl_mutex from here: the watchdog's thread may have aborted
+    // it meanwhile (its abort ends the kernels the synchronization waited for), so the failure
+    // is looked at again under the lock (a review, 2026-12-05: a deregistration raced the abort).
+    std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+    if (peer_failed() || (w.window && comm == nullptr)) {
+      if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
+      if (w.peers_device) release({w.peers_device});
+      w = Window{};
+      return;
+    }
     // Deregistration may wait for the peers: within the budget, else the communicator is
     // aborted (which releases the window) and the memory freed after it.
-    const ncclResult_t st = w.window && comm ? ncclCommWindowDeregister(comm, w.window) : ncclSuccess;
+    const ncclResult_t st = w.window ? ncclCommWindowDeregister(comm, w.window) : ncclSuccess;
     if ((st != ncclSuccess && st != ncclInProgress) || !nccl_settles_quietly()) {
       unusable = true;
       if (unusable_reason.empty()) unusable_reason = "a window deregistration did not complete within the budget";

@@ -136,17 +136,38 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
     *left = *left + 1;
     __threadfence_system();
   }
+  const uint32_t calls = *reinterpret_cast<const volatile uint32_t*>(static_cast<const char*>(p.ids) + kFallbackCallsOffset);
   const uint4* ids = static_cast<const uint4*>(p.ids);
   const uint4 mine = ids[0];
   const uint4 theirs = s < p.tp ? ids[1 + s] : mine;
-  // A slot still all zeros was not delivered (an aborted all-gather); anything else that is not
-  // this rank's identity, an identity or not, is a divergence.
+  // A slot still all zeros was not delivered: the watchdog aborted the exchange (it reports
+  // kPeerTimeout first), or another NCCL operation paired with it and brought zeros. Either way
+  // the rows are not this call's: recorded as a wait for that rank that did not end (a review,
+  // 2026-12-05: it was skipped). Anything else that is not this rank's identity, an identity or
+  // not, is a divergence.
   const bool delivered = (theirs.x | theirs.y | theirs.z | theirs.w) != 0;
-  const bool differs = delivered && (theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w);
+  const bool differs = theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w;
   const uint32_t found = __ballot_sync(0xFFFFFFFFu, differs);
-  if (found == 0 || s != __ffs(found) - 1) return;
-  // The first rank whose identity differs: recorded on this rank, and the fault raised.
-  const uint32_t calls = *reinterpret_cast<const volatile uint32_t*>(static_cast<const char*>(p.ids) + kFallbackCallsOffset);
+  if (found == 0) {
+    // Every identity equal to this rank's: then this rank's fault word (PROTOCOL.md, I12b), read
+    // after the rows arrived. A rank that gave up (a Lamport wait of another call timed out)
+    // raised it before it sent anything later, and its later calls' rows can pair with this
+    // call under an equal identity: the call is recorded as a peer fault, so that its outputs
+    // are never taken for right (a review, 2026-12-05: nothing of the NCCL path looked). Read
+    // after the identities' check, so that a rank that finds a divergence itself reports that.
+    if (s == 0) {
+      const uint32_t f = *const_cast<const volatile uint32_t*>(p.err.fault);
+      if (f != 0) record_error(p.err, kPeerFault, kProtoNccl, fault_timed_out_rank(f), 0, 0, f, calls - 1);
+    }
+    return;
+  }
+  if (s != __ffs(found) - 1) return;
+  // The first rank whose slot differs: recorded on this rank, and the fault raised.
+  if (!delivered) {
+    record_error(p.err, kWaitTimeout, kProtoNccl, s, 0, 0, 0, calls - 1);
+    raise_fault(p.err, s, false);
+    return;
+  }
   record_error(p.err, kDivergence, kProtoNccl, s, 0, 0, 0, calls - 1, &mine, &theirs);
   raise_fault(p.err, s, true);
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <limits>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -200,6 +201,27 @@ TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
   EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
 }
 
+// The NCCL fallback's identity slot of a rank left empty (fallback_leave: kWaitTimeout, protocol
+// NCCL): kPeerTimeout naming that rank and the op's fallback call, with no generation or row.
+TEST_F(ErrorRecords, FallbackIdentityNotDeliveredNamesThePeerAndTheCall) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, /*peer*/ 1, 0);
+  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
+  records[kernels::kTimeoutRecord].call = 5;
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no error reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("(NCCL fallback, call 5)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1's call identity did not arrive"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
+    EXPECT_EQ(e.peer(), 1);
+    EXPECT_EQ(e.call_index(), 5);
+  }
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+
 // A divergence recorded and the NCCL fallback's watchdog tripped (a later call left with no
 // partner by it): the divergence, the cause, is what is reported; unusable after. The watchdog
 // alone still reports kPeerTimeout.
@@ -247,6 +269,37 @@ TEST_F(ErrorRecords, RejectedCallsCountAndFailuresAfterALaunchAreFatal) {
   EXPECT_TRUE(im.unusable);
   EXPECT_NE(im.unusable_reason.find("after its first launch"), std::string::npos) << im.unusable_reason;
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+
+// Exceptions that are not mhccl::Error after a launch are as fatal as an Error (a review,
+// 2026-12-05: the NCCL fallback's watchdog thread, started after the enter kernel, could throw
+// std::system_error and leave the rank one NCCL call behind its peers with its rejected count
+// unchanged, so that its next call's identity equaled its peers' previous one). Before a launch
+// they count as a rejection, as an Error does.
+TEST_F(ErrorRecords, ExceptionsNotOursAfterALaunchAreFatalToo) {
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool&) { throw 7; }), int);
+  EXPECT_EQ(im.rejected, 1u);
+  EXPECT_FALSE(im.unusable);
+  EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool& launched) {
+                 launched = true;  // the fallback's enter kernel went out
+                 throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                                         "std::thread (the fallback watchdog)");
+               }),
+               std::system_error);
+  EXPECT_EQ(im.rejected, 1u);
+  EXPECT_TRUE(im.unusable);
+  EXPECT_NE(im.unusable_reason.find("std::thread (the fallback watchdog)"), std::string::npos) << im.unusable_reason;
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+}
+TEST_F(ErrorRecords, ExceptionOfUnknownTypeAfterALaunchIsFatal) {
+  EXPECT_THROW(im.guarded_call("LamportAllGather.gather", nullptr, [](bool& launched) {
+                 launched = true;
+                 throw 7;
+               }),
+               int);
+  EXPECT_EQ(im.rejected, 0u);
+  EXPECT_TRUE(im.unusable);
+  EXPECT_NE(im.unusable_reason.find("unknown type"), std::string::npos) << im.unusable_reason;
 }
 
 TEST(FaultWord, EncodesTheRaisingRankThePeerAndTheKind) {

@@ -1048,12 +1048,13 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   const cudaStream_t st = env().stream;
-  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered, kNotAnIdentity };
+  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered, kNotAnIdentity, kFaultRaised };
   const std::pair<Diverge, const char*> scenarios[] = {
       {Diverge::kNone, "none"}, {Diverge::kRejected, "rejected on one rank"}, {Diverge::kOtherM, "another M"},
       {Diverge::kOtherOp, "another op of the communicator"}, {Diverge::kRejectedEverywhere, "rejected on every rank"},
       {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted all-gather)"},
-      {Diverge::kNotAnIdentity, "other bytes in one rank's slot (a mispaired NCCL operation)"}};
+      {Diverge::kNotAnIdentity, "other bytes in one rank's slot (a mispaired NCCL operation)"},
+      {Diverge::kFaultRaised, "one rank's fault word raised by a peer before its rows arrived"}};
   for (const auto& [how, what] : scenarios) {
     SCOPED_TRACE(std::string(what) + ", tp " + std::to_string(tp));
     SimCommunicator comm(tp, 10'000'000'000ull);
@@ -1067,10 +1068,11 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
     }
     constexpr int kCalls = 4, kDivergeAt = 2;
     for (int call = 0; call < kCalls; ++call) {
-      const bool diverges = how != Diverge::kNone && how != Diverge::kRejectedEverywhere && how != Diverge::kNotDelivered;
+      const bool diverges = how != Diverge::kNone && how != Diverge::kRejectedEverywhere && how != Diverge::kNotDelivered &&
+                            how != Diverge::kFaultRaised;
       const bool here = diverges && call == kDivergeAt;
       // kNotAnIdentity: every rank but `odd` finds other bytes in `odd`'s slot; `odd` sees every
-      // identity equal to its own (and its fault word raised by the others).
+      // identity equal to its own, and its fault word raised by the others (below).
       const auto finds = [&](int r) { return diverges && call >= kDivergeAt && (how != Diverge::kNotAnIdentity || r != odd); };
       if (call == kDivergeAt && how == Diverge::kRejected) comm.sinks[odd]->count_rejected(st);
       if (call == kDivergeAt && how == Diverge::kRejectedEverywhere) {
@@ -1101,14 +1103,55 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
           }
         }
       }
+      if (how == Diverge::kFaultRaised && call == kDivergeAt) {  // rank 0 gave up waiting for `odd`
+        const uint32_t w = fault_word(0, odd);
+        MHCCL_TEST_CUDA(cudaMemcpyAsync(comm.sinks[odd]->sink.fault, &w, sizeof(w), cudaMemcpyHostToDevice, st));
+      }
       for (int r = 0; r < tp; ++r) MHCCL_TEST_CUDA(launch_fallback_leave(fp[r], st));
       MHCCL_TEST_CUDA(cudaStreamSynchronize(st));
       for (int r = 0; r < tp; ++r) {
         const ErrorRecord t = comm.sinks[r]->timeout();
+        if (how == Diverge::kFaultRaised) {  // equal identities; `odd` records the fault from that call on
+          if (r != odd || call < kDivergeAt) {
+            EXPECT_NE(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": a record, code " << t.code;
+            EXPECT_EQ(comm.sinks[r]->fault(), 0u) << "call " << call << ", rank " << r;
+            continue;
+          }
+          ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
+          EXPECT_EQ(t.code, kPeerFault);
+          EXPECT_EQ(t.protocol, kProtoNccl);
+          EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt)) << "the first such call's (the record stands)";
+          EXPECT_EQ(t.peer, 0) << "the rank that raised it";
+          EXPECT_EQ(static_cast<uint32_t>(t.value), fault_word(0, odd));
+          continue;
+        }
+        // kNotAnIdentity's and kNotDelivered's `odd` sees only equal identities, and its fault
+        // word raised by the others (rank 0's raise first, the leave kernels in rank order):
+        // it records that fault.
+        if ((how == Diverge::kNotAnIdentity || how == Diverge::kNotDelivered) && r == odd && call >= kDivergeAt) {
+          ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
+          EXPECT_EQ(t.code, kPeerFault);
+          EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt));
+          EXPECT_EQ(t.peer, 0) << "the rank that raised it";
+          EXPECT_EQ(static_cast<uint32_t>(t.value), fault_word(0, odd, how == Diverge::kNotAnIdentity));
+          continue;
+        }
+        // kNotDelivered: every other rank finds `odd`'s slot empty and records a wait for it that
+        // did not end (not a divergence), raising a timeout's fault.
+        if (how == Diverge::kNotDelivered && call >= kDivergeAt) {
+          ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
+          EXPECT_EQ(t.code, kWaitTimeout);
+          EXPECT_EQ(t.protocol, kProtoNccl);
+          EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt));
+          EXPECT_EQ(t.peer, odd);
+          const uint32_t f = comm.sinks[r]->fault();
+          EXPECT_NE(f, 0u);
+          EXPECT_FALSE(fault_is_divergence(f)) << "fault word " << f;
+          continue;
+        }
         if (!finds(r)) {
           EXPECT_NE(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": a record, code " << t.code;
-          const bool raised_by_others = how == Diverge::kNotAnIdentity && call >= kDivergeAt;
-          EXPECT_EQ(comm.sinks[r]->fault() != 0, raised_by_others) << "call " << call << ", rank " << r;
+          EXPECT_EQ(comm.sinks[r]->fault(), 0u) << "call " << call << ", rank " << r;
           continue;
         }
         ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
