@@ -8,20 +8,21 @@
 
 namespace mhccl {
 
+// The values are stable (a log's number maps back to its code); new codes take new numbers.
 enum class ErrorCode {
-  kInvalidArgument,  // a caller's argument is wrong (shape, dtype, device, alignment, M range, ...)
-  kUnsupported,      // valid in general, not built or not supported here (variant, hc, tp, H)
-  kNoDevice,         // no CUDA device (CPU-only machine, or the driver cannot be used: the message says why)
-  kCuda,             // a CUDA runtime call failed
-  kNccl,             // an NCCL call failed
-  kPeerTimeout,      // a bounded wait expired (a peer died, hung, or never arrived), on this rank or a
-                     // peer that stopped the group; the communicator is then unusable
-  kInvalidRoute,     // finalize got a route index outside [-1, rows); the route was skipped
-  kUnusable,         // the communicator saw a fatal error earlier and must be rebuilt
-  kDivergence,       // the ranks diverged: a peer's contribution to a call carried another call's
-                     // identity (a call rejected on some ranks only, another M, call against
-                     // finalize, another op or variant at the same point), found on this rank or a
-                     // peer that stopped the group; the communicator is then unusable
+  kInvalidArgument = 0,  // a caller's argument is wrong (shape, dtype, device, alignment, M range, ...)
+  kUnsupported = 1,      // valid in general, not built or not supported here (variant, hc, tp, H)
+  kNoDevice = 2,         // no CUDA device (CPU-only machine, or the driver cannot be used: the message says why)
+  kCuda = 3,             // a CUDA runtime call failed
+  kNccl = 4,             // an NCCL call failed
+  kPeerTimeout = 5,      // a bounded wait expired (a peer died, hung, or never arrived), on this rank or a
+                         // peer that stopped the group; the communicator is then unusable
+  kInvalidRoute = 6,     // finalize got a route index outside [-1, rows); the route was skipped
+  kUnusable = 7,         // the communicator saw a fatal error earlier and must be rebuilt
+  kDivergence = 8,       // the ranks diverged: a peer's contribution to a call carried another call's
+                         // identity (a call rejected on some ranks only, another M, call against
+                         // finalize, another op or variant at the same point), found on this rank or a
+                         // peer that stopped the group; the communicator is then unusable
 };
 
 // A short human label ("peer timeout").

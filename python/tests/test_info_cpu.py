@@ -28,7 +28,8 @@ def report():
 
 def _cuda_reason(report):
     """cudaGetDeviceCount through ctypes, from the library the report says the runtime is: None
-    when there is a device, else CUDA's error name and string."""
+    when there is a device, else CUDA's error name and string (inside "no NVIDIA driver is
+    installed (...)" where cudaDriverGetVersion gives 0)."""
     m = re.search(r"^CUDA runtime [0-9.]+ \((\S+)\)$", report, re.M)
     assert m, report
     cudart = ctypes.CDLL(m.group(1))
@@ -38,8 +39,12 @@ def _cuda_reason(report):
     st = cudart.cudaGetDeviceCount(ctypes.byref(n))
     if st == 0:
         return None if n.value > 0 else "cudaGetDeviceCount found 0 devices"
-    return (f"cudaGetDeviceCount returned {cudart.cudaGetErrorName(st).decode()}: "
+    cuda = (f"cudaGetDeviceCount returned {cudart.cudaGetErrorName(st).decode()}: "
             f"{cudart.cudaGetErrorString(st).decode()}")
+    driver = ctypes.c_int(-1)  # 0: no driver installed (CUDA then calls it insufficient, error 35)
+    if st == 35 and cudart.cudaDriverGetVersion(ctypes.byref(driver)) == 0 and driver.value == 0:
+        return f"no NVIDIA driver is installed ({cuda})"
+    return cuda
 
 
 def test_info_names_the_versions(report):

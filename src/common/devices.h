@@ -14,8 +14,8 @@ struct DeviceCount {
 };
 
 // cudaGetDeviceCount, with its error as CUDA names and describes it ("cudaGetDeviceCount returned
-// cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version": on a
-// machine without libcuda.so.1 too). The error is cleared, so that no later check reports it.
+// cudaErrorNoDevice: no CUDA-capable device is detected"); on a machine with no driver at all,
+// where CUDA calls the driver insufficient, "no NVIDIA driver is installed (...)" around it. The error is cleared, so that no later check reports it.
 inline DeviceCount cuda_device_count() {
   DeviceCount d;
   const cudaError_t st = cudaGetDeviceCount(&d.count);
@@ -23,6 +23,13 @@ inline DeviceCount cuda_device_count() {
     cudaGetLastError();
     d.count = 0;
     d.why_none = std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(st) + ": " + cudaGetErrorString(st);
+    // CUDA says "driver version is insufficient" where there is no driver at all, which reads as
+    // "upgrade the driver": cudaDriverGetVersion gives 0 where none is installed.
+    int driver = -1;
+    if (st == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0) {
+      d.why_none = "no NVIDIA driver is installed (" + d.why_none + ")";
+    }
+    cudaGetLastError();
   } else if (d.count == 0) {
     d.why_none = "cudaGetDeviceCount found 0 devices";
   }

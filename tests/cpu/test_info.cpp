@@ -19,13 +19,18 @@ namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// cudaGetDeviceCount as CUDA reports it: "" when there is a device, else CUDA's name and words.
+// cudaGetDeviceCount as CUDA reports it: "" when there is a device, else CUDA's name and words
+// (inside "no NVIDIA driver is installed (...)" where cudaDriverGetVersion gives 0).
 std::string no_device_reason() {
   int n = 0;
   const cudaError_t st = cudaGetDeviceCount(&n);
   cudaGetLastError();
   if (st == cudaSuccess) return n > 0 ? "" : "cudaGetDeviceCount found 0 devices";
-  return std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(st) + ": " + cudaGetErrorString(st);
+  const std::string cuda = std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(st) + ": " + cudaGetErrorString(st);
+  int driver = -1;  // 0: no driver installed (CUDA then calls it insufficient)
+  const bool none = st == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+  cudaGetLastError();
+  return none ? "no NVIDIA driver is installed (" + cuda + ")" : cuda;
 }
 
 std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
