@@ -23,4 +23,4 @@ cmake -S tests/downstream -B "$work/build" "${gen[@]}" -DCMAKE_PREFIX_PATH="$wor
 grep -E "Found (NCCL|CUDAToolkit|DLPack)" "$work/configure.log" | sed 's/^/  /'
 cmake --build "$work/build" > "$work/build.log" || { cat "$work/build.log"; exit 1; }
 "$work/build/downstream"
-echo "check-downstream: ok (find_package(mhccl) against cmake --install, the README snippet compiled)"
+echo "check-downstream: ok (find_package(mhccl) against cmake --install, the README snippet and the finalize and all-gather example compiled)"
