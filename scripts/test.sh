@@ -41,11 +41,15 @@ counts() {
   local p; p=$(grep -E '^[0-9]+ (passed|failed|skipped|errors?|deselected)' <<< "$o" | tail -1 | sed -E 's/ in [0-9.]+s.*//' || true)
   if [ -n "$g" ]; then echo "$g$s"; elif [ -n "$p" ]; then echo "$p"; fi
 }
-# Why test `$1` (or cases of it) skipped: the first SKIPPED line of its output, without its prefix.
-# GoogleTest prints a GTEST_SKIP's message on the line after "<file>:<line>: Skipped".
+# Why test `$1` (or cases of it) skipped: pytest's most frequent reason (its "SKIPPED [n] file:
+# line: why" lines, the largest n; "and other reasons" where there are more), else the first
+# SKIPPED line of its output, without its prefix. GoogleTest prints a GTEST_SKIP's message on the
+# line after "<file>:<line>: Skipped".
 skip_reason() {
   local o; o=$(output "$1")
-  local r; r=$(grep -m1 -E 'SKIPPED(: | \[[0-9]+\] [^ ]+: )' <<< "$o" | sed -E 's/.*SKIPPED(: | \[[0-9]+\] [^ ]+: )//' || true)
+  local r; r=$(grep -E 'SKIPPED \[[0-9]+\] [^ ]+: ' <<< "$o" | sed -E 's/.*SKIPPED \[([0-9]+)\] [^ ]+: /\1\t/' |
+    awk -F'\t' '{n[$2] += $1} END {for (w in n) {k++; if (n[w] > best) {best = n[w]; r = w}} if (k > 1) r = r " (and other reasons)"; print r}' || true)
+  [ -n "$r" ] || r=$(grep -m1 -E 'SKIPPED: ' <<< "$o" | sed -E 's/.*SKIPPED: //' || true)
   [ -n "$r" ] || r=$(grep -m1 -A1 -E ': Skipped$' <<< "$o" | sed -n 2p || true)
   echo "$r"
 }
