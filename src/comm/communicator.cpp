@@ -188,6 +188,8 @@ void init_common(Communicator::Impl& im) {
   detail::DeviceGuard guard(im.device);
   MHCCL_CUDA(cudaStreamCreateWithFlags(&im.setup_stream, cudaStreamNonBlocking));
   MHCCL_CUDA(cudaMalloc(&im.setup_words, Communicator::Impl::kSetupWords * sizeof(int)));
+  MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.setup_host), Communicator::Impl::kSetupWords * sizeof(int),
+                           cudaHostAllocDefault));
   MHCCL_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&im.record), 2 * sizeof(kernels::ErrorRecord),
                            cudaHostAllocMapped));
   std::memset(im.record, 0, 2 * sizeof(kernels::ErrorRecord));
@@ -272,6 +274,7 @@ Communicator::Impl::~Impl() {
   if (fallback_progress) cudaFreeHost(fallback_progress);
   if (device_words) cudaFree(device_words);
   if (setup_words) cudaFree(setup_words);
+  if (setup_host) cudaFreeHost(setup_host);
   if (setup_stream) cudaStreamDestroy(setup_stream);
   if (owns_comm && comm) ncclCommDestroy(comm);
   for (void* p : orphaned) ncclMemFree(p);
@@ -432,6 +435,7 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
   fp.id = id;
   fp.progress = fallback_progress_device;
   fp.ids = ids;
+  fp.fault_own = static_cast<const uint32_t*>(fault_window.ptr);  // its own allocation (sink: the peer mapping)
   fp.tp = tp;
   // The watchdog's thread first: its start can fail (std::system_error), and a failure before the
   // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
@@ -592,13 +596,13 @@ void Communicator::Impl::check(bool report_routes) {
   }
   if (e.code == kernels::kWaitTimeout && e.protocol == kernels::kProtoNccl) {
     // The NCCL fallback's exchange of identities left that rank's slot empty (PROTOCOL.md I19).
-    const std::string peer = e.peer >= 0 ? std::to_string(e.peer) : std::string("(unknown)");
+    const std::string who = e.peer >= 0 ? "rank " + std::to_string(e.peer) + "'s call identity did not arrive in"
+                                        : std::string("no rank's call identity arrived in (this rank's own neither)");
     fail(ErrorCode::kPeerTimeout,
-         where + " on rank " + std::to_string(rank) + ": rank " + peer +
-             "'s call identity did not arrive in the NCCL fallback's exchange (its NCCL operation was aborted, or "
-             "another operation of another sequence of calls paired with it), so the call's rows are not taken for "
-             "this call's. Every rank of the group was told to stop. The communicator is unusable: destroy it and "
-             "its ops and build them again",
+         where + " on rank " + std::to_string(rank) + ": " + who +
+             " the NCCL fallback's exchange: its NCCL operation was aborted (a peer died, hung, or issued a "
+             "different sequence of calls), or another operation paired with it, so the call's rows are not taken "
+             "for this call's. The communicator is unusable: destroy it and its ops and build them again",
          ErrorContext{e.peer, static_cast<int64_t>(e.call), op});
   }
   if (e.code == kernels::kWaitTimeout) {
@@ -631,9 +635,17 @@ void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op, con
   std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
   if (tp > 1) {
     if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(what) + ": the NCCL communicator was aborted");
-    MHCCL_CUDA(cudaMemcpyAsync(setup_words, values, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
+    // Through pinned host ints: a copy to or from pageable memory returns only once the stream's
+    // earlier work (the all-reduce, which waits for every peer) has completed, which would hold
+    // this thread, and nccl_mutex, past the budget (a review, 2026-12-05); from pinned memory
+    // both copies are asynchronous and setup_wait's bounded poll covers the all-reduce.
+    std::copy(values, values + n, setup_host);
+    MHCCL_CUDA(cudaMemcpyAsync(setup_words, setup_host, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
     nccl_wait(ncclAllReduce(setup_words, setup_words, n, ncclInt32, op, comm, setup_stream), what);
-    MHCCL_CUDA(cudaMemcpyAsync(values, setup_words, n * sizeof(int), cudaMemcpyDeviceToHost, setup_stream));
+    MHCCL_CUDA(cudaMemcpyAsync(setup_host, setup_words, n * sizeof(int), cudaMemcpyDeviceToHost, setup_stream));
+    setup_wait(what);
+    std::copy(setup_host, setup_host + n, values);
+    return;
   }
   setup_wait(what);
 }

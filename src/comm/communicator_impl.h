@@ -31,6 +31,7 @@ struct Communicator::Impl {
   cudaStream_t setup_stream = nullptr;  // construction-time work (fills, peer tables, barriers)
   static constexpr int kSetupWords = 256;
   int* setup_words = nullptr;           // device ints for the construction-time all-reduces
+  int* setup_host = nullptr;            // pinned host ints they are copied through (kSetupWords)
   // The owned NCCL communicator was made non-blocking (config.blocking = 0): every NCCL call on
   // it returns at once and its completion is polled (ncclCommGetAsyncError) within the budget,
   // so that no host-side wait on a peer lasts without end (PROTOCOL.md, I20).

@@ -143,29 +143,35 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
   // A slot still all zeros was not delivered: the watchdog aborted the exchange (it reports
   // kPeerTimeout first), or another NCCL operation paired with it and brought zeros. Either way
   // the rows are not this call's: recorded as a wait for that rank that did not end (a review,
-  // 2026-12-05: it was skipped). Anything else that is not this rank's identity, an identity or
-  // not, is a divergence.
+  // 2026-12-05: it was skipped), naming no rank where this rank's own slot is empty too (the
+  // exchange did not happen, so no slot says who failed). Anything else that is not this rank's
+  // identity, an identity or not, is a divergence.
   const bool delivered = (theirs.x | theirs.y | theirs.z | theirs.w) != 0;
   const bool differs = theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w;
   const uint32_t found = __ballot_sync(0xFFFFFFFFu, differs);
   if (found == 0) {
     // Every identity equal to this rank's: then this rank's fault word (PROTOCOL.md, I12b), read
     // after the rows arrived. A rank that gave up (a Lamport wait of another call timed out)
-    // raised it before it sent anything later, and its later calls' rows can pair with this
-    // call under an equal identity: the call is recorded as a peer fault, so that its outputs
-    // are never taken for right (a review, 2026-12-05: nothing of the NCCL path looked). Read
-    // after the identities' check, so that a rank that finds a divergence itself reports that.
+    // raises it in every rank's word where the word is shared (peers reachable), before it sends
+    // anything later, and its later calls' rows can pair with this call under an equal identity:
+    // where the raise landed before this read, the call is recorded as a peer fault, so that its
+    // outputs are never taken for right (a review, 2026-12-05: nothing of the NCCL path looked).
+    // Read after the identities' check, so that a rank that finds a divergence itself reports
+    // that; read at fault_own, which an abort of the NCCL communicator leaves mapped.
     if (s == 0) {
-      const uint32_t f = *const_cast<const volatile uint32_t*>(p.err.fault);
+      const uint32_t f = *static_cast<const volatile uint32_t*>(p.fault_own != nullptr ? p.fault_own : p.err.fault);
       if (f != 0) record_error(p.err, kPeerFault, kProtoNccl, fault_timed_out_rank(f), 0, 0, f, calls - 1);
     }
     return;
   }
   if (s != __ffs(found) - 1) return;
-  // The first rank whose slot differs: recorded on this rank, and the fault raised.
+  // The first rank whose slot differs: recorded on this rank (and for a divergence the fault
+  // raised; not for an empty slot, which an abort of the NCCL communicator may leave, whose
+  // peers' fault words may then be unmapped: the record alone makes this rank raise).
   if (!delivered) {
-    record_error(p.err, kWaitTimeout, kProtoNccl, s, 0, 0, 0, calls - 1);
-    raise_fault(p.err, s, false);
+    const uint4 own = ids[1 + p.err.rank];
+    const bool exchanged = (own.x | own.y | own.z | own.w) != 0;
+    record_error(p.err, kWaitTimeout, kProtoNccl, exchanged ? s : -1, 0, 0, 0, calls - 1);
     return;
   }
   record_error(p.err, kDivergence, kProtoNccl, s, 0, 0, 0, calls - 1, &mine, &theirs);

@@ -233,8 +233,12 @@ struct LamportState {
 //    buffer) with ids[0] for every s < tp; the first that differs records kDivergence naming
 //    rank s and raises the fault, as a Lamport consumer's check_header does (a slot holding
 //    anything but this rank's identity, an identity or not, differs). A slot still all zeros
-//    was not delivered: only the watchdog's abort of a stuck NCCL operation leaves one, and it
-//    reports kPeerTimeout; it is not called a divergence (every identity has kIdentityMagic).
+//    was not delivered (every identity has kIdentityMagic): the watchdog's abort of a stuck
+//    NCCL operation leaves one, or another operation paired with the exchange brought zeros; it
+//    is recorded as kWaitTimeout naming rank s (no rank: -1, where this rank's own slot is empty
+//    too), and no fault is raised (after an abort the peers' fault words may be unmapped).
+//    Where every identity matched, this rank's fault word is read (fault_own) and a fault
+//    another rank raised before it is recorded as kPeerFault.
 // Every rank sees every rank's identity, so where one rank diverged every rank finds it at that
 // call. Device memory of an op (fallback_ids_bytes): ids[0] this rank's, ids[1, 1 + kMaxTp)
 // every rank's, then the op's call count (one uint32, zeroed at allocation).
@@ -243,6 +247,10 @@ struct FallbackParams {
   CallIdentity id;     // the host's part: op, kProtoNccl, variant, M (all-gather: packs), op serial
   uint32_t* progress;  // the communicator's watchdog progress counts [entered, left] (host-mapped)
   void* ids;           // the op's identity buffer (above)
+  // This rank's fault word at an address that stays mapped after an abort of the NCCL
+  // communicator (the window's own allocation, not its peer mapping): fallback_leave reads it
+  // after the NCCL operations, which the watchdog's abort may have ended. Null: err.fault.
+  const uint32_t* fault_own;
   int tp;
 };
 constexpr int64_t kFallbackCallsOffset = 16 * (1 + kMaxTp);  // bytes: the op's call count

@@ -222,6 +222,21 @@ TEST_F(ErrorRecords, FallbackIdentityNotDeliveredNamesThePeerAndTheCall) {
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
+// The same where this rank's own slot was empty too (no exchange): no rank is named.
+TEST_F(ErrorRecords, FallbackExchangeThatNeverHappenedNamesNoRank) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, /*peer*/ -1, 0);
+  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
+  try {
+    im.check(false);
+    ADD_FAILURE() << "no error reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no rank's call identity arrived"), std::string::npos) << msg;
+    EXPECT_EQ(e.peer(), -1);
+  }
+}
+
 // A divergence recorded and the NCCL fallback's watchdog tripped (a later call left with no
 // partner by it): the divergence, the cause, is what is reported; unusable after. The watchdog
 // alone still reports kPeerTimeout.

@@ -1042,17 +1042,22 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
 // rank (which names rank 0, or 1 where it is rank 0), with both identities; every fault word is
 // raised with the divergence kind; and the calls before it left no record. A slot the group left
 // unwritten (what an aborted NCCL operation leaves: the previous call's identity is cleared by
-// the enter kernel) is no divergence.
+// the enter kernel) is no divergence: the rank records kWaitTimeout naming that rank (no rank
+// where its own slot is empty too) and raises no fault. A rank whose identities all match but
+// whose fault word another rank raised records kPeerFault naming the raiser.
 TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   const cudaStream_t st = env().stream;
-  enum class Diverge { kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered, kNotAnIdentity, kFaultRaised };
+  enum class Diverge {
+    kNone, kRejected, kOtherM, kOtherOp, kRejectedEverywhere, kNotDelivered, kNothingDelivered, kNotAnIdentity, kFaultRaised
+  };
   const std::pair<Diverge, const char*> scenarios[] = {
       {Diverge::kNone, "none"}, {Diverge::kRejected, "rejected on one rank"}, {Diverge::kOtherM, "another M"},
       {Diverge::kOtherOp, "another op of the communicator"}, {Diverge::kRejectedEverywhere, "rejected on every rank"},
       {Diverge::kNotDelivered, "one rank's identity not delivered (an aborted all-gather)"},
+      {Diverge::kNothingDelivered, "no identity delivered to rank 0, its own neither"},
       {Diverge::kNotAnIdentity, "other bytes in one rank's slot (a mispaired NCCL operation)"},
       {Diverge::kFaultRaised, "one rank's fault word raised by a peer before its rows arrived"}};
   for (const auto& [how, what] : scenarios) {
@@ -1069,7 +1074,7 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
     constexpr int kCalls = 4, kDivergeAt = 2;
     for (int call = 0; call < kCalls; ++call) {
       const bool diverges = how != Diverge::kNone && how != Diverge::kRejectedEverywhere && how != Diverge::kNotDelivered &&
-                            how != Diverge::kFaultRaised;
+                            how != Diverge::kNothingDelivered && how != Diverge::kFaultRaised;
       const bool here = diverges && call == kDivergeAt;
       // kNotAnIdentity: every rank but `odd` finds other bytes in `odd`'s slot; `odd` sees every
       // identity equal to its own, and its fault word raised by the others (below).
@@ -1090,12 +1095,14 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
         fp[r].id = with_op_serial(make_call_identity(kOpAllReduceCall, kProtoNccl, 0, m), serial);
         fp[r].progress = progress[r].as<uint32_t>();
         fp[r].ids = ids[r].get();
+        fp[r].fault_own = comm.sinks[r]->sink.fault;  // the library: the window's own allocation
         fp[r].tp = tp;
         MHCCL_TEST_CUDA(launch_fallback_enter(fp[r], st));
       }
       for (int r = 0; r < tp; ++r) {  // the all-gather: rank s's ids[0] into every rank's ids[1 + s]
         for (int s = 0; s < tp; ++s) {
           if (how == Diverge::kNotDelivered && call == kDivergeAt && s == odd && r != odd) continue;
+          if (how == Diverge::kNothingDelivered && call == kDivergeAt && r == 0) continue;
           MHCCL_TEST_CUDA(cudaMemcpyAsync(ids[r].as<char>() + 16 * (1 + s), ids[s].get(), 16, cudaMemcpyDeviceToDevice, st));
           if (here && how == Diverge::kNotAnIdentity && s == odd && r != odd) {  // BF16 rows' bytes, no magic
             const uint32_t rows[4] = {0x3F803F80u, 0x40004000u, 0xBF80BF80u, 0x3F003F00u};
@@ -1125,28 +1132,28 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
           EXPECT_EQ(static_cast<uint32_t>(t.value), fault_word(0, odd));
           continue;
         }
-        // kNotAnIdentity's and kNotDelivered's `odd` sees only equal identities, and its fault
-        // word raised by the others (rank 0's raise first, the leave kernels in rank order):
-        // it records that fault.
-        if ((how == Diverge::kNotAnIdentity || how == Diverge::kNotDelivered) && r == odd && call >= kDivergeAt) {
+        // kNotAnIdentity's `odd` sees only equal identities, and its fault word raised by the
+        // others (rank 0's raise first, the leave kernels in rank order): it records that fault.
+        if (how == Diverge::kNotAnIdentity && r == odd && call >= kDivergeAt) {
           ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
           EXPECT_EQ(t.code, kPeerFault);
           EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt));
           EXPECT_EQ(t.peer, 0) << "the rank that raised it";
-          EXPECT_EQ(static_cast<uint32_t>(t.value), fault_word(0, odd, how == Diverge::kNotAnIdentity));
+          EXPECT_EQ(static_cast<uint32_t>(t.value), fault_word(0, odd, true));
           continue;
         }
-        // kNotDelivered: every other rank finds `odd`'s slot empty and records a wait for it that
-        // did not end (not a divergence), raising a timeout's fault.
-        if (how == Diverge::kNotDelivered && call >= kDivergeAt) {
+        // An empty slot: the rank records a wait for that rank that did not end (not a
+        // divergence), naming it, or no rank where its own slot is empty too; no fault is raised
+        // (after an abort the peers' words may be unmapped), so the others record nothing.
+        const bool empty_slot = call >= kDivergeAt && ((how == Diverge::kNotDelivered && r != odd) ||
+                                                       (how == Diverge::kNothingDelivered && r == 0));
+        if (empty_slot) {
           ASSERT_EQ(t.ready, t.epoch + 1) << "call " << call << ", rank " << r << ": no record";
           EXPECT_EQ(t.code, kWaitTimeout);
           EXPECT_EQ(t.protocol, kProtoNccl);
           EXPECT_EQ(t.call, static_cast<uint32_t>(kDivergeAt));
-          EXPECT_EQ(t.peer, odd);
-          const uint32_t f = comm.sinks[r]->fault();
-          EXPECT_NE(f, 0u);
-          EXPECT_FALSE(fault_is_divergence(f)) << "fault word " << f;
+          EXPECT_EQ(t.peer, how == Diverge::kNotDelivered ? odd : -1);
+          EXPECT_EQ(comm.sinks[r]->fault(), 0u);
           continue;
         }
         if (!finds(r)) {
