@@ -268,6 +268,14 @@ Communicator::Impl::~Impl() {
     }
   }
   if (owns_comm && comm && (failed || unusable)) abort_nccl();
+  if (!owns_comm && (failed || unusable)) {
+    // The caller's NCCL communicator, not aborted yet (its owner aborts it after this, as the
+    // error said): an NCCL operation of it may still wait for a dead peer, and a synchronization
+    // or a free (cudaFree and cudaFreeHost synchronize) would wait with it. The small host and
+    // device buffers are left to the process's end instead (a review, 2026-12-05).
+    if (prev >= 0) cudaSetDevice(prev);
+    return;
+  }
   if (setup_stream) cudaStreamSynchronize(setup_stream);
   if (record) cudaFreeHost(record);
   record = nullptr;
@@ -327,7 +335,7 @@ void Communicator::Impl::budget_expired(const char* what) {
            "them again";
   } else {
     msg += "The NCCL communicator is the caller's: abort it (ncclCommAbort) after destroying this communicator "
-           "and its ops, which are unusable";
+           "and its ops, which are unusable (destroying them waits for no peer)";
   }
   fail(ErrorCode::kPeerTimeout, msg, ErrorContext{-1, -1, what});
 }
@@ -597,7 +605,7 @@ void Communicator::Impl::check(bool report_routes) {
   if (e.code == kernels::kWaitTimeout && e.protocol == kernels::kProtoNccl) {
     // The NCCL fallback's exchange of identities left that rank's slot empty (PROTOCOL.md I19).
     const std::string who = e.peer >= 0 ? "rank " + std::to_string(e.peer) + "'s call identity did not arrive in"
-                                        : std::string("no rank's call identity arrived in (this rank's own neither)");
+                                        : std::string("no rank's call identity (this rank's own neither) arrived in");
     fail(ErrorCode::kPeerTimeout,
          where + " on rank " + std::to_string(rank) + ": " + who +
              " the NCCL fallback's exchange: its NCCL operation was aborted (a peer died, hung, or issued a "

@@ -143,12 +143,13 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
   // A slot still all zeros was not delivered: the watchdog aborted the exchange (it reports
   // kPeerTimeout first), or another NCCL operation paired with it and brought zeros. Either way
   // the rows are not this call's: recorded as a wait for that rank that did not end (a review,
-  // 2026-12-05: it was skipped), naming no rank where this rank's own slot is empty too (the
-  // exchange did not happen, so no slot says who failed). Anything else that is not this rank's
-  // identity, an identity or not, is a divergence.
+  // 2026-12-05: it was skipped), naming no rank where every slot is empty (the exchange did
+  // not happen, so no slot says who failed). Anything else that is not this rank's identity, an
+  // identity or not, is a divergence.
   const bool delivered = (theirs.x | theirs.y | theirs.z | theirs.w) != 0;
   const bool differs = theirs.x != mine.x || theirs.y != mine.y || theirs.z != mine.z || theirs.w != mine.w;
   const uint32_t found = __ballot_sync(0xFFFFFFFFu, differs);
+  const uint32_t arrived = __ballot_sync(0xFFFFFFFFu, s < p.tp && delivered);  // none: no exchange happened
   if (found == 0) {
     // Every identity equal to this rank's: then this rank's fault word (PROTOCOL.md, I12b), read
     // after the rows arrived. A rank that gave up (a Lamport wait of another call timed out)
@@ -169,9 +170,7 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
   // raised; not for an empty slot, which an abort of the NCCL communicator may leave, whose
   // peers' fault words may then be unmapped: the record alone makes this rank raise).
   if (!delivered) {
-    const uint4 own = ids[1 + p.err.rank];
-    const bool exchanged = (own.x | own.y | own.z | own.w) != 0;
-    record_error(p.err, kWaitTimeout, kProtoNccl, exchanged ? s : -1, 0, 0, 0, calls - 1);
+    record_error(p.err, kWaitTimeout, kProtoNccl, arrived != 0 ? s : -1, 0, 0, 0, calls - 1);
     return;
   }
   record_error(p.err, kDivergence, kProtoNccl, s, 0, 0, 0, calls - 1, &mine, &theirs);

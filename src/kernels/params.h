@@ -235,8 +235,8 @@ struct LamportState {
 //    anything but this rank's identity, an identity or not, differs). A slot still all zeros
 //    was not delivered (every identity has kIdentityMagic): the watchdog's abort of a stuck
 //    NCCL operation leaves one, or another operation paired with the exchange brought zeros; it
-//    is recorded as kWaitTimeout naming rank s (no rank: -1, where this rank's own slot is empty
-//    too), and no fault is raised (after an abort the peers' fault words may be unmapped).
+//    is recorded as kWaitTimeout naming rank s (no rank: -1, where every slot is empty), and no
+//    fault is raised (after an abort the peers' fault words may be unmapped).
 //    Where every identity matched, this rank's fault word is read (fault_own) and a fault
 //    another rank raised before it is recorded as kPeerFault.
 // Every rank sees every rank's identity, so where one rank diverged every rank finds it at that

@@ -222,7 +222,7 @@ TEST_F(ErrorRecords, FallbackIdentityNotDeliveredNamesThePeerAndTheCall) {
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
-// The same where this rank's own slot was empty too (no exchange): no rank is named.
+// The same where every slot was empty (no exchange happened): no rank is named.
 TEST_F(ErrorRecords, FallbackExchangeThatNeverHappenedNamesNoRank) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, /*peer*/ -1, 0);
   records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
@@ -232,7 +232,7 @@ TEST_F(ErrorRecords, FallbackExchangeThatNeverHappenedNamesNoRank) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("no rank's call identity arrived"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no rank's call identity (this rank's own neither) arrived"), std::string::npos) << msg;
     EXPECT_EQ(e.peer(), -1);
   }
 }

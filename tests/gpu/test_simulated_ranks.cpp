@@ -1043,7 +1043,7 @@ TEST_P(ConcurrentRanks, FaultStopsEveryOpOfTheCommunicator) {
 // raised with the divergence kind; and the calls before it left no record. A slot the group left
 // unwritten (what an aborted NCCL operation leaves: the previous call's identity is cleared by
 // the enter kernel) is no divergence: the rank records kWaitTimeout naming that rank (no rank
-// where its own slot is empty too) and raises no fault. A rank whose identities all match but
+// where every slot is empty) and raises no fault. A rank whose identities all match but
 // whose fault word another rank raised records kPeerFault naming the raiser.
 TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
@@ -1143,7 +1143,7 @@ TEST_P(SimulatedRanks, NcclFallbackIdentityFindsEveryDivergence) {
           continue;
         }
         // An empty slot: the rank records a wait for that rank that did not end (not a
-        // divergence), naming it, or no rank where its own slot is empty too; no fault is raised
+        // divergence), naming it, or no rank where every slot is empty; no fault is raised
         // (after an abort the peers' words may be unmapped), so the others record nothing.
         const bool empty_slot = call >= kDivergeAt && ((how == Diverge::kNotDelivered && r != odd) ||
                                                        (how == Diverge::kNothingDelivered && r == 0));
