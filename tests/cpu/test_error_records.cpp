@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -55,13 +56,18 @@ class ErrorRecords : public ::testing::Test {
     r.mine = kernels::with_call_state(host, 0, 0);
     r.theirs = kernels::with_call_state(host, 0, 1);
   }
-  ErrorCode check_code(bool report_routes) {
+  // The Error check(report_routes) throws; none where it throws nothing.
+  std::optional<Error> thrown_by_check(bool report_routes) {
     try {
       im.check(report_routes);
     } catch (const Error& e) {
-      return e.code();
+      return e;
     }
-    return ErrorCode::kInvalidArgument;  // "no error" for these tests
+    return std::nullopt;
+  }
+  ErrorCode check_code(bool report_routes) {
+    const std::optional<Error> e = thrown_by_check(report_routes);
+    return e ? e->code() : ErrorCode::kInvalidArgument;  // "no error" for these tests
   }
 };
 
@@ -74,14 +80,9 @@ TEST_F(ErrorRecords, UnknownKindInTheTimeoutRecordIsFatalNotARouteReport) {
     records[kernels::kTimeoutRecord] = {};
     im.unusable = false;
     kernel_records(records, kernels::kTimeoutRecord, code, 1, 0);
-    ErrorCode got = ErrorCode::kInvalidArgument;
-    std::string what;
-    try {
-      im.check(false);
-    } catch (const Error& e) {
-      got = e.code();
-      what = e.what();
-    }
+    const std::optional<Error> e = thrown_by_check(false);
+    const ErrorCode got = e ? e->code() : ErrorCode::kInvalidArgument;
+    const std::string what = e ? e->what() : "";
     EXPECT_NE(got, ErrorCode::kInvalidRoute) << "code " << code << ": " << what;
     EXPECT_EQ(what.find("expanded_idx_to_permuted_idx"), std::string::npos) << what;
     EXPECT_TRUE(im.unusable) << "code " << code;
@@ -91,27 +92,21 @@ TEST_F(ErrorRecords, UnknownKindInTheTimeoutRecordIsFatalNotARouteReport) {
 // A record naming a peer outside [0, tp) (a corrupted or foreign record) names no rank.
 TEST_F(ErrorRecords, PeerOutsideTheGroupIsNotNamedAsARank) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, 5, 0);
-  try {
-    im.check(false);
-    ADD_FAILURE() << "nothing thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
-    EXPECT_EQ(std::string(e.what()).find("waited for rank 5"), std::string::npos) << e.what();
-    EXPECT_EQ(e.peer(), -1);
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "nothing thrown";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout);
+  EXPECT_EQ(std::string(e->what()).find("waited for rank 5"), std::string::npos) << e->what();
+  EXPECT_EQ(e->peer(), -1);
 }
 
 TEST_F(ErrorRecords, RouteReportsReachCheckErrorsOnlyAndOnce) {
   kernel_records(records, kernels::kRouteRecord, kernels::kBadRoute, -1, 1 << 20);
   EXPECT_NO_THROW(im.check(false));  // an op's own check leaves it
   EXPECT_FALSE(im.peer_failed());
-  try {
-    im.check(true);
-    ADD_FAILURE() << "no route report";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidRoute);
-    EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
-  }
+  const std::optional<Error> e = thrown_by_check(true);
+  ASSERT_TRUE(e.has_value()) << "no route report";
+  EXPECT_EQ(e->code(), ErrorCode::kInvalidRoute);
+  EXPECT_NE(std::string(e->what()).find("1048576"), std::string::npos) << e->what();
   EXPECT_NO_THROW(im.check(true));  // consumed
   EXPECT_EQ(records[kernels::kRouteRecord].epoch, 1u);
   EXPECT_TRUE(!im.unusable);
@@ -143,15 +138,12 @@ TEST_F(ErrorRecords, PeerFaultNamesTheRankThatTimedOut) {
   // The record of a fault seen: the rank that raised it, and its fault word (record_fault).
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, /*timed out*/ 1, kernels::fault_word(1, 0));
   EXPECT_TRUE(im.peer_failed());
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no fault reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
-    EXPECT_NE(std::string(e.what()).find("rank 1 waited for rank 0"), std::string::npos) << e.what();
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(e.op(), "AllReduceMHC.finalize");
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no fault reported";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout);
+  EXPECT_NE(std::string(e->what()).find("rank 1 waited for rank 0"), std::string::npos) << e->what();
+  EXPECT_EQ(e->peer(), 1);
+  EXPECT_EQ(e->op(), "AllReduceMHC.finalize");
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
@@ -165,19 +157,16 @@ TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
   records[kernels::kTimeoutRecord].theirs =
       kernels::with_call_state(kernels::make_call_identity(kernels::kOpAllReduceFinalize, kernels::kProtoOneShot, 0, 64), 2, 3);
   EXPECT_TRUE(im.peer_failed());
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no divergence reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("after 2 rejected calls"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("after 3 rejected calls"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("call 12"), std::string::npos) << msg;
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(e.call_index(), 12);
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no divergence reported";
+  EXPECT_EQ(e->code(), ErrorCode::kDivergence);
+  const std::string msg = e->what();
+  EXPECT_NE(msg.find("after 2 rejected calls"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("after 3 rejected calls"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("call 12"), std::string::npos) << msg;
+  EXPECT_EQ(e->peer(), 1);
+  EXPECT_EQ(e->call_index(), 12);
   EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
 }
 
@@ -185,19 +174,16 @@ TEST_F(ErrorRecords, DivergenceNamesThePeerAndBothIdentities) {
 // op's fallback call count, with no generation or row (it has neither).
 TEST_F(ErrorRecords, FallbackDivergenceNamesThePeerAndTheCall) {
   fallback_divergence(64, 9);
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no divergence reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("(NCCL fallback, call 9)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
-    EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
-    EXPECT_EQ(msg.find("row 7"), std::string::npos) << msg;
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(e.call_index(), 9);
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no divergence reported";
+  EXPECT_EQ(e->code(), ErrorCode::kDivergence);
+  const std::string msg = e->what();
+  EXPECT_NE(msg.find("(NCCL fallback, call 9)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rejected on one of these ranks"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("row 7"), std::string::npos) << msg;
+  EXPECT_EQ(e->peer(), 1);
+  EXPECT_EQ(e->call_index(), 9);
   EXPECT_EQ(check_code(true), ErrorCode::kUnusable);
 }
 
@@ -207,18 +193,15 @@ TEST_F(ErrorRecords, FallbackIdentityNotDeliveredNamesThePeerAndTheCall) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, /*peer*/ 1, 0);
   records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
   records[kernels::kTimeoutRecord].call = 5;
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no error reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("(NCCL fallback, call 5)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("rank 1's call identity did not arrive"), std::string::npos) << msg;
-    EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
-    EXPECT_EQ(e.peer(), 1);
-    EXPECT_EQ(e.call_index(), 5);
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout);
+  const std::string msg = e->what();
+  EXPECT_NE(msg.find("(NCCL fallback, call 5)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1's call identity did not arrive"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("generation"), std::string::npos) << msg;
+  EXPECT_EQ(e->peer(), 1);
+  EXPECT_EQ(e->call_index(), 5);
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
@@ -226,15 +209,12 @@ TEST_F(ErrorRecords, FallbackIdentityNotDeliveredNamesThePeerAndTheCall) {
 TEST_F(ErrorRecords, FallbackExchangeThatNeverHappenedNamesNoRank) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, /*peer*/ -1, 0);
   records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no error reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPeerTimeout);
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("no rank's call identity (this rank's own neither) arrived"), std::string::npos) << msg;
-    EXPECT_EQ(e.peer(), -1);
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout);
+  const std::string msg = e->what();
+  EXPECT_NE(msg.find("no rank's call identity (this rank's own neither) arrived"), std::string::npos) << msg;
+  EXPECT_EQ(e->peer(), -1);
 }
 
 // A divergence recorded and the NCCL fallback's watchdog tripped (a later call left with no
@@ -253,13 +233,10 @@ TEST_F(ErrorRecords, DivergenceReportedBeforeTheWatchdogsTimeout) {
 // A divergence another rank found, seen here as its fault: kDivergence naming that rank.
 TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 3, kernels::fault_word(3, 0, true));
-  try {
-    im.check(false);
-    ADD_FAILURE() << "no fault reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kDivergence);
-    EXPECT_NE(std::string(e.what()).find("rank 3 found that rank 0's contribution"), std::string::npos) << e.what();
-  }
+  const std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no fault reported";
+  EXPECT_EQ(e->code(), ErrorCode::kDivergence);
+  EXPECT_NE(std::string(e->what()).find("rank 3 found that rank 0's contribution"), std::string::npos) << e->what();
 }
 
 // guarded_call (every op call): a call rejected before anything went out counts once on this
