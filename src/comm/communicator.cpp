@@ -424,13 +424,24 @@ void Communicator::Impl::check_fallback() {
   if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
-void Communicator::Impl::apart_after_launch(const char* what, const char* failure, const ErrorContext& context) {
+void Communicator::Impl::apart_after_launch(const char* what, std::exception_ptr failure) {
   if (tp <= 1 || unusable) return;
+  std::string why = "an exception of unknown type";
+  ErrorContext context;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const Error& e) {
+    why = e.what();
+    context = e.context();
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
   unusable = true;
   unusable_context = context;
-  unusable_reason = std::string(what) + " on rank " + std::to_string(rank) + " failed after its first launch (" +
-                    failure + "): this rank's protocol state is apart from its peers'; destroy the "
-                    "communicator and its ops and build them again";
+  unusable_reason = std::string(what) + " on rank " + std::to_string(rank) + " failed after its first launch (" + why +
+                    "): this rank's protocol state is apart from its peers'; destroy the communicator and its ops and "
+                    "build them again";
 }
 
 void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,

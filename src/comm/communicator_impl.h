@@ -175,24 +175,16 @@ struct Communicator::Impl {
     bool launched = false;
     try {
       body(launched);
-    } catch (const Error& e) {
+    } catch (...) {  // ours or not (std::bad_alloc, std::system_error): the same rules
       if (!launched) count_rejected(stream);
-      else apart_after_launch(what, e.what(), e.context());
-      throw;
-    } catch (const std::exception& e) {  // not ours (std::bad_alloc, std::system_error): the same rules
-      if (!launched) count_rejected(stream);
-      else apart_after_launch(what, e.what(), ErrorContext{});
-      throw;
-    } catch (...) {
-      if (!launched) count_rejected(stream);
-      else apart_after_launch(what, "an exception of unknown type", ErrorContext{});
+      else apart_after_launch(what, std::current_exception());
       throw;
     }
   }
-  // A call that failed after its first launch: at TP > 1 this rank's protocol state or NCCL
-  // sequence is apart from its peers' (its call went out in part), so the communicator becomes
-  // unusable, naming `what` and the failure.
-  void apart_after_launch(const char* what, const char* failure, const ErrorContext& context);
+  // A call that failed (`failure`, of any type) after its first launch: at TP > 1 this rank's
+  // protocol state or NCCL sequence is apart from its peers' (its call went out in part), so the
+  // communicator becomes unusable, naming `what` and the failure (an Error's context kept).
+  void apart_after_launch(const char* what, std::exception_ptr failure);
   // Frees device memory of an op or buffer built on this communicator: at once (after a device
   // synchronization) normally; after a peer failure only after the abort, at destruction (a
   // synchronization could wait for an NCCL kernel stuck on the dead peer).
