@@ -662,11 +662,9 @@ void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op, con
     MHCCL_CUDA(cudaMemcpyAsync(setup_words, setup_host, n * sizeof(int), cudaMemcpyHostToDevice, setup_stream));
     nccl_wait(ncclAllReduce(setup_words, setup_words, n, ncclInt32, op, comm, setup_stream), what);
     MHCCL_CUDA(cudaMemcpyAsync(setup_host, setup_words, n * sizeof(int), cudaMemcpyDeviceToHost, setup_stream));
-    setup_wait(what);
-    std::copy(setup_host, setup_host + n, values);
-    return;
   }
   setup_wait(what);
+  if (tp > 1) std::copy(setup_host, setup_host + n, values);
 }
 
 void Communicator::Impl::barrier(const char* what) {

@@ -160,7 +160,7 @@ __global__ void fallback_leave_kernel(const FallbackParams p) {
     // Read after the identities' check, so that a rank that finds a divergence itself reports
     // that; read at fault_own, which an abort of the NCCL communicator leaves mapped.
     if (s == 0) {
-      const uint32_t f = *static_cast<const volatile uint32_t*>(p.fault_own != nullptr ? p.fault_own : p.err.fault);
+      const uint32_t f = *static_cast<const volatile uint32_t*>(p.fault_own);
       if (f != 0) record_error(p.err, kPeerFault, kProtoNccl, fault_timed_out_rank(f), 0, 0, f, calls - 1);
     }
     return;

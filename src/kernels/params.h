@@ -249,7 +249,7 @@ struct FallbackParams {
   void* ids;           // the op's identity buffer (above)
   // This rank's fault word at an address that stays mapped after an abort of the NCCL
   // communicator (the window's own allocation, not its peer mapping): fallback_leave reads it
-  // after the NCCL operations, which the watchdog's abort may have ended. Null: err.fault.
+  // after the NCCL operations, which the watchdog's abort may have ended.
   const uint32_t* fault_own;
   int tp;
 };
