@@ -169,7 +169,7 @@ if [[ " $stages " == *" profile "* ]]; then
     sections+=(--section "$sec")
   done
   [[ -n ${PROFILE_METRICS:-} ]] && sections+=(--metrics "$PROFILE_METRICS")  # e.g. sm__cycles_active.min,sm__cycles_active.max
-  [[ ${PROFILE_SOURCE:-0} == 1 ]] && sections+=(--section SourceCounters --section WarpStateStats --sampling-interval 0)
+  [[ ${PROFILE_SOURCE:-0} == 1 ]] && sections+=(--section SourceCounters --section WarpStateStats --warp-sampling-interval 0)
   ptrees=(${PROFILE_TREES:-})
   [[ ${#ptrees[@]} -gt 0 ]] && build_trees "${ptrees[@]}"
   for which in new "${ptrees[@]}"; do
