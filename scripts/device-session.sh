@@ -2,7 +2,10 @@
 # A run on a GPU machine (one call of a few minutes): builds there, runs the GPU tests at
 # TP=1 and TP=2 and mhccl-bench, and leaves every log under $OUT. Stages: build, tests, deadpeer,
 # python, sanitize, profile, bench, ab, abtree, sweep, envsweep, agsweep, peers, example, tune (default:
-# build tests bench). Extra bench arguments via BENCH_ARGS.
+# build tests bench). Extra bench arguments via BENCH_ARGS. Each step has its own timeout, in its
+# own process group: a `timeout` around this script that ends first stops the script but not the
+# step (GPU tests went on beside the next command, 2026-12-05), so give the call the stages' time.
+# The script archives $OUT into $OUT/logs.tgz at its end: archive nothing there after it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mhccl-out}
