@@ -424,6 +424,10 @@ void Communicator::Impl::check_fallback() {
   if (watchdog_tripped && !unusable) fail(ErrorCode::kPeerTimeout, watchdog_reason, ErrorContext{-1, -1, "NCCL fallback"});
 }
 
+void Communicator::Impl::require_nccl(const std::string& what) const {
+  if (comm == nullptr) throw Error(ErrorCode::kUnusable, what + ": the NCCL communicator was aborted");
+}
+
 void Communicator::Impl::apart_after_launch(const char* what, std::exception_ptr failure) {
   if (tp <= 1 || unusable) return;
   std::string why = "an exception of unknown type";
@@ -448,7 +452,7 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
                                        const std::function<ncclResult_t()>& rows, cudaStream_t stream, const char* what,
                                        bool& launched) {
   std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
-  if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(who) + ": the NCCL communicator was aborted");
+  require_nccl(who);
   kernels::FallbackParams fp = {};
   fp.err = err;
   fp.id = id;
@@ -653,7 +657,7 @@ void Communicator::Impl::all_reduce_ints(int* values, int n, ncclRedOp_t op, con
   // every wait below is bounded by the budget, so the watchdog waits at most that long for it.
   std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
   if (tp > 1) {
-    if (comm == nullptr) throw Error(ErrorCode::kUnusable, std::string(what) + ": the NCCL communicator was aborted");
+    require_nccl(what);
     // Through pinned host ints: a copy to or from pageable memory returns only once the stream's
     // earlier work (the all-reduce, which waits for every peer) has completed, which would hold
     // this thread, and nccl_mutex, past the budget (a review, 2026-12-05); from pinned memory
@@ -917,7 +921,7 @@ void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, 
   } else {
     MHCCL_NCCL(ncclMemAlloc(&w.ptr, size));
     std::lock_guard<std::recursive_mutex> lock(nccl_mutex);  // as all_reduce_ints: the watchdog may abort
-    if (comm == nullptr) throw Error(ErrorCode::kUnusable, "symmetric window registration: the NCCL communicator was aborted");
+    require_nccl("symmetric window registration");
     nccl_wait(ncclCommWindowRegister(comm, w.ptr, size, &w.window, NCCL_WIN_COLL_SYMMETRIC),
               "symmetric window registration (ncclCommWindowRegister)");
   }
@@ -946,15 +950,17 @@ void Communicator::Impl::alloc_window(size_t bytes, uint32_t fill, bool shared, 
 
 void Communicator::Impl::free_window(Window& w) {
   if (w.ptr == nullptr && w.peers_device == nullptr) return;
+  // The memory of a window that cannot be deregistered now: an owned communicator is aborted,
+  // which releases the window, and frees the memory after that. Around the caller's ncclComm_t
+  // the window stays registered until the caller aborts it, so the memory is left to the
+  // process's end rather than freed under a live window.
+  auto orphan = [&] {
+    if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
+  };
   if (w.plain) {
     if (w.ptr) release({w.ptr});
   } else if (peer_failed()) {
-    // Nothing here may wait: no device synchronization, no deregistration (it may wait for a
-    // dead peer). An owned communicator is aborted, which releases the window, and frees the
-    // memory after that. Around the caller's ncclComm_t the window stays registered until the
-    // caller aborts it, so the memory is left to the process's end rather than freed under a
-    // live window.
-    if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
+    orphan();  // nothing here may wait: no device synchronization, no deregistration (it may wait for a dead peer)
   } else {
     cudaDeviceSynchronize();  // not under nccl_mutex: the watchdog may need it to end a stuck NCCL kernel
     // The NCCL communicator under nccl_mutex from here: the watchdog's thread may have aborted
@@ -962,20 +968,18 @@ void Communicator::Impl::free_window(Window& w) {
     // is looked at again under the lock (a review, 2026-12-05: a deregistration raced the abort).
     std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
     if (peer_failed() || (w.window && comm == nullptr)) {
-      if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
-      if (w.peers_device) release({w.peers_device});
-      w = Window{};
-      return;
-    }
-    // Deregistration may wait for the peers: within the budget, else the communicator is
-    // aborted (which releases the window) and the memory freed after it.
-    const ncclResult_t st = w.window ? ncclCommWindowDeregister(comm, w.window) : ncclSuccess;
-    if ((st != ncclSuccess && st != ncclInProgress) || !nccl_settles_quietly()) {
-      unusable = true;
-      if (unusable_reason.empty()) unusable_reason = "a window deregistration did not complete within the budget";
-      if (w.ptr && owns_comm) orphaned.push_back(w.ptr);
-    } else if (w.ptr) {
-      ncclMemFree(w.ptr);
+      orphan();
+    } else {
+      // Deregistration may wait for the peers: within the budget, else the communicator is
+      // aborted (which releases the window) and the memory freed after it.
+      const ncclResult_t st = w.window ? ncclCommWindowDeregister(comm, w.window) : ncclSuccess;
+      if ((st != ncclSuccess && st != ncclInProgress) || !nccl_settles_quietly()) {
+        unusable = true;
+        if (unusable_reason.empty()) unusable_reason = "a window deregistration did not complete within the budget";
+        orphan();
+      } else if (w.ptr) {
+        ncclMemFree(w.ptr);
+      }
     }
   }
   if (w.peers_device) release({w.peers_device});

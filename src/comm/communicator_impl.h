@@ -54,6 +54,9 @@ struct Communicator::Impl {
   // within the budget (true where it is blocking: its calls returned settled).
   bool nccl_settles_quietly();
   bool nccl_settled(ncclResult_t& state);  // the poll both use
+  // Throws kUnusable naming `what` where the watchdog aborted the NCCL communicator (comm null):
+  // the check before each use of it, under nccl_mutex.
+  void require_nccl(const std::string& what) const;
 
   // --- The NCCL fallback's watchdog (PROTOCOL.md, I20) --------------------------------------
   // An NCCL fallback call waits on the GPU, stream-ordered, where no host thread waits: a dead

@@ -15,7 +15,8 @@ struct DeviceCount {
 
 // cudaGetDeviceCount, with its error as CUDA names and describes it ("cudaGetDeviceCount returned
 // cudaErrorNoDevice: no CUDA-capable device is detected"); on a machine with no driver at all,
-// where CUDA calls the driver insufficient, "no NVIDIA driver is installed (...)" around it. The error is cleared, so that no later check reports it.
+// where CUDA calls the driver insufficient, "no NVIDIA driver is installed (...)" around it. The
+// error is cleared, so that no later check reports it.
 inline DeviceCount cuda_device_count() {
   DeviceCount d;
   const cudaError_t st = cudaGetDeviceCount(&d.count);
