@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/ab-trees.sh NAME=REV+PATCH (an experiment kept as a patch file): the tree holds REV's
+# files with the patch applied and records both; the same spec again keeps it; a patch that does
+# not apply leaves no tree and an error. Needs git and a checkout (no GPU, no build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+git rev-parse --verify --quiet HEAD >/dev/null || { echo "not a git checkout with a commit: skipped"; exit 0; }
+name=citest$$
+dir=.ab-$name
+tmp=$(mktemp -d)
+trap 'rm -rf "$dir" "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A patch of one line of a file git archive carries (the tree leaves docs/ and bench/results out).
+file=CMakeLists.txt
+git show HEAD:$file > "$tmp/a"
+{ printf -- '--- a/%s\n+++ b/%s\n@@ -1,3 +1,4 @@\n+# ab-trees test line\n' $file $file; head -3 "$tmp/a" | sed 's/^/ /'; } > "$tmp/one.patch"
+
+scripts/ab-trees.sh "$name=HEAD+$tmp/one.patch" > "$tmp/out" || fail "ab-trees.sh failed: $(cat "$tmp/out")"
+[[ $(head -1 "$dir/$file") == "# ab-trees test line" ]] || fail "the patch was not applied to $dir/$file"
+cmp -s <(tail -n +2 "$dir/$file") "$tmp/a" || fail "$dir/$file is not HEAD's file with the patch"
+grep -q "+$tmp/one.patch " "$dir/.ab-commit" || fail ".ab-commit does not name the patch: $(cat "$dir/.ab-commit")"
+scripts/ab-trees.sh "$name=HEAD+$tmp/one.patch" | grep -q "(kept)" || fail "the same spec again did not keep the tree"
+if scripts/ab-trees.sh "$name=HEAD" 2>/dev/null; then fail "another spec for an existing tree was accepted"; fi
+rm -rf "$dir"
+
+# A patch that does not apply: an error, and no tree left behind.
+sed 's/^ \(.*\)$/ \1 changed/' "$tmp/one.patch" > "$tmp/bad.patch"
+if scripts/ab-trees.sh "$name=HEAD+$tmp/bad.patch" 2>"$tmp/err"; then fail "a patch that does not apply was accepted"; fi
+grep -q "does not apply" "$tmp/err" || fail "no 'does not apply' error: $(cat "$tmp/err")"
+[[ ! -e $dir ]] || fail "a failed patch left $dir behind"
+if scripts/ab-trees.sh "$name=HEAD+$tmp/missing.patch" 2>/dev/null; then fail "a missing patch file was accepted"; fi
+echo "ab-trees.sh: patched trees made, kept, refused as they should"
