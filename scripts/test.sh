@@ -67,19 +67,23 @@ summary() {
       fi
       continue
     fi
-    local lines="" ran=0 skipped=0 failed=0 unselected=0 first_reason=""
+    local lines="" ran=0 skipped=0 failed=0 unselected=0 reasons=""
     while read -r t; do
       local v; v=$(verdict "$t")
       local c; c=$(counts "$t")
       local why; why=$(skip_reason "$t")
       case "$v" in
         Passed) ran=$((ran + 1)); lines+="    $t: passed${c:+ ($c)}${why:+; skipped cases: $why}"$'\n' ;;
-        Skipped) skipped=$((skipped + 1)); first_reason=${first_reason:-$why}
+        Skipped) skipped=$((skipped + 1)); [ -n "$why" ] && reasons+="$why"$'\n'
                  lines+="    $t: skipped${why:+: $why}"$'\n' ;;
         "") unselected=$((unselected + 1)); lines+="    $t: not run (not selected by the ctest arguments)"$'\n' ;;
         *) failed=$((failed + 1)); lines+="    $t: FAILED ($v${c:+; $c})"$'\n' ;;
       esac
     done <<< "$names"
+    # The suite's reason: the one most of its skipped tests give (the first of them on a tie).
+    local first_reason=""
+    [ -n "$reasons" ] && first_reason=$(awk 'NF {n[$0]++; if (!($0 in at)) at[$0] = NR}
+      END {for (r in n) if (n[r] > best || (n[r] == best && at[r] < first)) {best = n[r]; first = at[r]; w = r}; print w}' <<< "$reasons")
     if ((failed)); then
       echo "  $suite: FAILED"
     elif ((ran && skipped)); then

@@ -663,6 +663,19 @@ def _compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def _not_meta(name: str, t: Tensor) -> None:
+    """Refuses a call made outside torch.compile's tracing whose leading tensor is a meta tensor.
+    Such a call would reach only the fake implementation (the meta kernel torch dispatches meta
+    tensors to): it would return meta outputs with no error and no call counted, so this rank's
+    next real call would pair with its peers' call of this one (SPEC.md, "Ranks that diverge
+    get an error"). Raised here, it is counted as a rejected call like any other. A meta tensor
+    among CUDA ones is refused by the fake implementation's device check (also counted)."""
+    if t.is_meta and not _compiling():
+        raise InvalidArgumentError(
+            f"{name}: a meta tensor; the op runs on CUDA tensors (meta tensors reach only the shapes "
+            "torch.compile traces)")
+
+
 class AllReduceMHC:
     """Lamport TP all-reduce fused with mHC post-mix, collapse, RMSNorm (and MXFP8 or
     per-token-group FP8).
@@ -991,6 +1004,7 @@ class AllReduceMHC:
         protocol = _str_arg("protocol", protocol)
         ops = _torch_ops()
         if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
+            _not_meta("x", x)
             if _compiling():  # here, not in the fake implementation: a rejection counted (_counting_rejections)
                 _ops.same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
             outs = ops.all_reduce_mhc(self._handle, x, residual, post, comb, pre, norm_weight, eps,
@@ -998,6 +1012,7 @@ class AllReduceMHC:
             return outs[0], (outs[1] if pre is not None else None)
         res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
             m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
+        _not_meta("x", x)
         if _compiling():  # as above
             _ops.same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                              residual_out=res_out, layer_input=li, mxfp8_values=values, mxfp8_scales=scales,
@@ -1054,6 +1069,7 @@ class AllReduceMHC:
         lead = dict(shared_output=shared_output, gemm2_permuted=gemm2_permuted, expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=idx)
         if residual_out is None and layer_input is None and mxfp8_out is None and fp8_out is None:
+            _not_meta("shared_output", shared_output)
             if _compiling():  # as in _call
                 _ops.same_device(**lead, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
             outs = ops.all_reduce_mhc_finalize(self._handle, gemm2_permuted, expert_weights, idx,
@@ -1062,6 +1078,7 @@ class AllReduceMHC:
             return outs[0], (outs[1] if pre is not None else None)
         res_out, li, values, scales, fp8_values, fp8_scales = self._outputs(
             m, residual, pre, residual_out, layer_input, mxfp8_out, fp8_out)
+        _not_meta("shared_output", shared_output)
         if _compiling():  # as in _call
             _ops.same_device(**lead, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                              residual_out=res_out, layer_input=li, mxfp8_values=values, mxfp8_scales=scales,
@@ -1208,6 +1225,7 @@ class LamportAllGather:
             raise InvalidArgumentError("inp: expected at least one dimension, got a scalar")
         if inp.dim() > 16:  # here too, not only in the fake implementation (as _call's devices)
             raise InvalidArgumentError(f"inp: expected at most 16 dimensions, got {inp.dim()}")
+        _not_meta("inp", inp)
         out: Tensor = _torch_ops().all_gather(self._handle, inp)  # checks the size (real and fake)
         return out
 

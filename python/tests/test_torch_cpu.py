@@ -954,8 +954,10 @@ def test_all_gather_refuses_more_than_16_dimensions_everywhere(recording_op):
     with pytest.raises(ValueError, match="^inp: expected at most 16 dimensions, got 17"):
         ag(t17)
     assert ag.accepts(torch.zeros([1] * 15 + [16]))
-    with pytest.raises(ValueError, match=r"^inp: expected a multiple of 16 bytes"):
-        ag(torch.zeros(1 << 20, device="meta"))  # meta: the fake runs, and checks the size eagerly
+    with pytest.raises(ValueError, match=r"^inp: expected a multiple of 16 bytes"):  # the fake's own check
+        torch.ops.mhccl.all_gather(ag._handle, torch.zeros(1 << 20, device="meta"))
+    with pytest.raises(ValueError, match=r"^inp: a meta tensor"):  # the class refuses meta tensors eagerly
+        ag(torch.zeros(1 << 20, device="meta"))
     assert rec.calls == []
 
 
@@ -1062,6 +1064,31 @@ def test_a_call_rejected_while_compiled_is_counted(counting_op, bad):
         with pytest.raises(mhccl.InvalidArgumentError):
             compiled(*args)
         assert comm.rejected_calls == i
+    assert rec.calls == []
+
+
+@pytest.mark.parametrize("which", ["call", "finalize", "all_gather"])
+def test_an_eager_call_on_meta_tensors_is_refused_and_counted(counting_op, which):
+    """An eager call whose tensors are all meta tensors reached only the fake implementation
+    (torch's meta kernel): meta outputs, no error, no call counted, so this rank's next call would
+    have paired with its peers' call of this one (an adversarial review, 2026-12-05). Refused now,
+    and counted as a rejected call; under torch.compile meta tensors still trace."""
+    op, comm, rec = counting_op
+    if which == "all_gather":
+        from test_cpu import _CountingComm
+
+        comm = _CountingComm()
+        op = _meta_instance(mhccl.LamportAllGather, world_size=4, rank_capacity_bytes=1 << 20,
+                            _op=rec, _device=0, _comm=comm)
+        with pytest.raises(mhccl.InvalidArgumentError, match="^inp: a meta tensor"):
+            op(torch.zeros(5, 8, device="meta"))
+    else:
+        lead, t = _call_inputs(3, "meta", which == "finalize", "plain")
+        fn = op.finalize if which == "finalize" else op
+        name = "shared_output" if which == "finalize" else "x"
+        with pytest.raises(mhccl.InvalidArgumentError, match=f"^{name}: a meta tensor"):
+            fn(*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6)
+    assert comm.rejected_calls == 1
     assert rec.calls == []
 
 

@@ -30,4 +30,26 @@ if scripts/ab-trees.sh "$name=HEAD+$tmp/bad.patch" 2>"$tmp/err"; then fail "a pa
 grep -q "does not apply" "$tmp/err" || fail "no 'does not apply' error: $(cat "$tmp/err")"
 [[ ! -e $dir ]] || fail "a failed patch left $dir behind"
 if scripts/ab-trees.sh "$name=HEAD+$tmp/missing.patch" 2>/dev/null; then fail "a missing patch file was accepted"; fi
+
+# A patch whose "# Requires:" names another: refused alone, made after it.
+{ echo "# Requires: one.patch"; printf -- '--- a/%s\n+++ b/%s\n@@ -1,3 +1,4 @@\n+# second line\n' $file $file
+  { echo "# ab-trees test line"; head -2 "$tmp/a"; } | sed 's/^/ /'; } > "$tmp/two.patch"
+if scripts/ab-trees.sh "$name=HEAD+$tmp/two.patch" 2>"$tmp/err"; then fail "a patch without its prerequisite was accepted"; fi
+grep -q "requires one.patch" "$tmp/err" || fail "no 'requires' error: $(cat "$tmp/err")"
+[[ ! -e $dir ]] || fail "a refused spec left $dir behind"
+scripts/ab-trees.sh "$name=HEAD+$tmp/one.patch+$tmp/two.patch" > /dev/null || fail "the two patches in order failed"
+[[ $(sed -n 2p "$dir/$file") == "# ab-trees test line" && $(head -1 "$dir/$file") == "# second line" ]] ||
+  fail "the two patches were not both applied: $(head -2 "$dir/$file")"
+rm -rf "$dir"
+
+# Every spec is checked before any tree is made; a patch path may be given from the current
+# directory.
+if scripts/ab-trees.sh "$name=HEAD" "bad name=HEAD" 2>/dev/null; then fail "a bad spec was accepted"; fi
+[[ ! -e $dir ]] || fail "a good spec's tree was made before a bad spec was refused"
+cp "$tmp/one.patch" tests/tools/.ab-trees-test-$$.patch
+trap 'rm -rf "$dir" "$tmp" tests/tools/.ab-trees-test-$$.patch' EXIT
+(cd tests && ../scripts/ab-trees.sh "$name=HEAD+tools/.ab-trees-test-$$.patch" > /dev/null) ||
+  fail "a patch path from the current directory was not found"
+grep -q "+tests/tools/.ab-trees-test-$$.patch " "$dir/.ab-commit" || fail "the patch is not named from the root: $(cat "$dir/.ab-commit")"
+scripts/ab-trees.sh --list | grep -q "^$dir " || fail "--list does not show $dir"
 echo "ab-trees.sh: patched trees made, kept, refused as they should"
