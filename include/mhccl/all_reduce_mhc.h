@@ -190,7 +190,8 @@ class AllReduceMHC {
   // reported by Communicator::check_errors() as Error(kInvalidRoute).
   void finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream);
 
-  // The protocol kAuto picks for M rows (rank-invariant).
+  // The protocol kAuto picks for M rows (rank-invariant). Throws kInvalidArgument where M is
+  // outside [1, max_num_tokens], which no call takes.
   Protocol protocol_for(int64_t m, bool finalize) const;
   // The configuration with defaults resolved (thresholds; kNever = INT64_MAX for never).
   const AllReduceMHCConfig& config() const;

@@ -16,8 +16,8 @@ subclasses say what happened and what to do (``InvalidArgumentError``, ``PeerTim
 """
 
 from . import _ops
-from ._api import (AllReduceMHC, LamportAllGather, empty_fp8_group_scales, fp8_group_scale_bytes,
-                   fp8_group_scale_rows, fp8_group_scales_view, mxfp8_scale_bytes)
+from ._api import (AllReduceMHC, LamportAllGather, empty_fp8_group_scales, forget_communicator,
+                   fp8_group_scale_bytes, fp8_group_scale_rows, fp8_group_scales_view, mxfp8_scale_bytes)
 from ._errors import (ArgumentTypeError, CudaError, DivergenceError, Error, InvalidArgumentError,
                       InvalidRouteError, NcclError, NoDeviceError, PeerError, PeerTimeoutError,
                       UnsupportedError, UnusableError)
@@ -27,8 +27,8 @@ try:
 except ImportError:  # the source tree, never built
     __version__ = "0+unknown"
 
-__all__ = ["AllReduceMHC", "LamportAllGather", "empty_fp8_group_scales", "fp8_group_scale_bytes",
-           "fp8_group_scale_rows", "fp8_group_scales_view", "mxfp8_scale_bytes",
+__all__ = ["AllReduceMHC", "LamportAllGather", "empty_fp8_group_scales", "forget_communicator",
+           "fp8_group_scale_bytes", "fp8_group_scale_rows", "fp8_group_scales_view", "mxfp8_scale_bytes",
            "Error", "InvalidArgumentError", "UnsupportedError", "ArgumentTypeError",
            "NoDeviceError", "CudaError", "NcclError", "PeerError", "PeerTimeoutError",
            "DivergenceError", "UnusableError", "InvalidRouteError"]

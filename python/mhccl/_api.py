@@ -401,8 +401,11 @@ def _device_index(device: Any) -> int:
             raise bad
         return int(number)
     if text == "cuda":
-        import torch
-
+        try:
+            import torch
+        except ImportError as e:  # 'cuda' names PyTorch's current device
+            raise InvalidArgumentError("device: 'cuda' means PyTorch's current CUDA device, and PyTorch is "
+                                       "not installed; give the device number ('cuda:N' or N)") from e
         try:
             return int(torch.cuda.current_device())
         except (RuntimeError, AssertionError) as e:  # no driver or no device: torch's own error
@@ -511,6 +514,36 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
     return comm
 
 
+def forget_communicator(group: Any = None, device: Any = None) -> int:
+    """Makes the next op built for ``group`` build a new communicator rather than share the one
+    its earlier ops use: the Python side of "destroy the communicator and its ops, and build them
+    again", the recovery after an error that made the group's communicator unusable
+    (``PeerTimeoutError``, ``DivergenceError``, a failed launch; ``UnusableError`` after it).
+
+    Ops share one communicator per (group, device, options) while any of them lives, so without
+    this a new op finds the unusable one again wherever a reference to an old op remains (a
+    traceback, a module attribute not yet rebound) and raises ``UnusableError``. Building the new
+    communicator is collective, as the first was: every rank of the group calls this (with the
+    same arguments), then builds its ops again. The old ops keep the old communicator and raise
+    ``UnusableError`` if called; drop them (its memory goes with the last of them).
+
+    Args:
+        group: the TP group, as the ops' ``group`` (None: the same default).
+        device: only the communicators of this device (as the ops' ``device``); None: every one
+            of the group on this process.
+
+    Returns:
+        How many communicators were forgotten (0 where the group had none).
+    """
+    group, _, _ = _group_layout(group)
+    index = None if device is None else _device_index(device)
+    gid = id(group) if group is not None else 0
+    keys = [k for k in _COMMUNICATORS if k[0] == gid and (index is None or k[1] == index)]
+    for key in keys:
+        del _COMMUNICATORS[key]
+    return len(keys)
+
+
 def _torch_ops() -> Any:
     """torch.ops.mhccl (registered when the first instance was built)."""
     import torch
@@ -556,6 +589,8 @@ def _packed(t: Optional[Tensor], shape: Optional[Sequence[Optional[int]]] = None
     if shape is not None and (t.dim() != len(shape) or any(
             want is not None and got != want for got, want in zip(t.shape, shape))):
         return t  # the C++ check names the shape it expected
+    if shape is not None and any(want is None and got >= 2**31 for got, want in zip(t.shape, shape)):
+        return t  # a free dimension beyond the C++ API's int (gemm2's rows): its check names it, no copy first
     if lazy:
         t = t.resolve_conj().resolve_neg()
         if t.is_contiguous() and t.data_ptr() % 16 == 0:

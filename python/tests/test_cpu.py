@@ -28,7 +28,7 @@ def test_import_needs_no_gpu_and_no_torch():
     assert mhccl.__version__
     assert set(mhccl.__all__) == {"AllReduceMHC", "LamportAllGather", "mxfp8_scale_bytes",
                                   "fp8_group_scale_bytes", "fp8_group_scale_rows",
-                                  "fp8_group_scales_view", "empty_fp8_group_scales",
+                                  "fp8_group_scales_view", "empty_fp8_group_scales", "forget_communicator",
                                   "Error", "InvalidArgumentError", "UnsupportedError",
                                   "ArgumentTypeError", "NoDeviceError", "CudaError", "NcclError",
                                   "PeerError", "PeerTimeoutError", "DivergenceError",

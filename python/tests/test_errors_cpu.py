@@ -266,6 +266,45 @@ def test_the_cpp_communicator_check_arrives_as_its_class():
         assert str(e).startswith("wait_timeout_ms: expected 1 to 86400000 ms, got 0")
 
 
+def test_forget_communicator_makes_the_next_op_build_a_new_one(monkeypatch):
+    """The recovery from an unusable communicator (README, "Errors"): ops share a group's
+    communicator while any lives, so a new op found the unusable one again wherever a reference
+    to an old op remained; after forget_communicator the next one builds a new communicator (the
+    old ops keep theirs)."""
+    class Comm:
+        def __init__(self, uid, rank, tp, device, **options):
+            self.device = device
+
+    class Group:  # a stand-in process group of one rank
+        pass
+
+    lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
+    monkeypatch.setattr(_api, "_lib", lambda: lib)
+    monkeypatch.setattr(_api, "_group_layout", lambda g: (g, 1, 0))
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
+    group, other = Group(), Group()
+    old0, old1, kept = _api._communicator(group, 0), _api._communicator(group, 1), _api._communicator(other, 0)
+    assert mhccl.forget_communicator(group, "cuda:1") == 1  # that device's only
+    new1 = _api._communicator(group, 1)
+    assert _api._communicator(group, 0) is old0 and new1 is not old1
+    assert mhccl.forget_communicator(group) == 2  # every device of the group
+    new0 = _api._communicator(group, 0)
+    assert new0 is not old0 and _api._communicator(group, 0) is new0
+    assert _api._communicator(other, 0) is kept  # another group's untouched
+    assert mhccl.forget_communicator(Group()) == 0
+    with pytest.raises(mhccl.InvalidArgumentError, match="^device: expected a CUDA device"):
+        mhccl.forget_communicator(group, "cpu")
+
+
+def test_device_cuda_without_torch_is_the_packages_error(monkeypatch):
+    """device='cuda' names PyTorch's current device: without PyTorch an InvalidArgumentError
+    saying so (it was a bare ModuleNotFoundError), like every error of the package."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(mhccl.InvalidArgumentError, match="PyTorch is not installed"):
+        _api._device_index("cuda")
+    assert _api._device_index("cuda:3") == 3  # a number needs no PyTorch
+
+
 def test_a_communicator_is_never_found_under_another_groups_id(monkeypatch):
     """The cache of communicators is keyed by the group's id(): its entry keeps the group alive
     while the communicator lives (so no other group can be made at its address and find it), and

@@ -600,6 +600,19 @@ def test_fp8_out_reaches_the_cpp_call(recording_op, finalize, flat):
     assert args[-7] is li and args[-8] is res
 
 
+def test_an_expanded_gemm2_beyond_the_row_limit_is_not_copied(recording_op):
+    """gemm2_permuted's row count is free (any rows the routes index): an expanded tensor (stride
+    0) of 2^31 rows or more goes to the C++ check, which names the limit, instead of being
+    copied first (a copy of 10 TiB here: an adversarial review, 2026-12-05)."""
+    op, rec = recording_op
+    lead, t = _call_inputs(3, "cpu", True, "plain")
+    huge = torch.zeros(1, H, dtype=torch.bfloat16).expand(2**31, H)
+    op.finalize(huge, *list(lead.values())[1:], t["residual"], t["post"], t["comb"], t["pre"],
+                t["norm_weight"], 1e-6)
+    (kind, args), = rec.calls
+    assert kind == "finalize" and args[0] is huge  # handed on as given, uncopied
+
+
 @pytest.mark.parametrize("form", ["empty_fp8_group_scales", "workspace"])
 def test_fp8_scales_under_inductor_reach_the_cpp_call(recording_op, form):
     """Compiled with Inductor (fullgraph), the out-op is re-inplaced: the C++ call gets the

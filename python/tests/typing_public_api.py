@@ -66,6 +66,12 @@ def scale_sizes(m: int) -> int:
             + mhccl.fp8_group_scale_rows(m))
 
 
+def rebuild(group: Optional[object], device: int) -> mhccl.AllReduceMHC:
+    forgotten: int = mhccl.forget_communicator(group, device)
+    del forgotten
+    return mhccl.AllReduceMHC(hidden_size=5120, hc_mult=4, max_num_tokens=256, top_k=6, device=device)
+
+
 def handle(ar: mhccl.AllReduceMHC, x: torch.Tensor) -> Optional[str]:
     try:
         ar.protocol_for(x.shape[0])

@@ -550,6 +550,20 @@ void Communicator::Impl::check_for_construction(const char* what) {
   }
 }
 
+void Communicator::Impl::require_device_memory(const std::string& what, uint64_t bytes, const char* lower) const {
+  if (bytes == 0) return;
+  size_t free_bytes = 0, total_bytes = 0;
+  detail::DeviceGuard guard(device);
+  MHCCL_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes > free_bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                what + ": needs " + detail::bytes_text(bytes) + " of device memory on rank " +
+                    std::to_string(rank) + " (cuda:" + std::to_string(device) + "), which has " +
+                    detail::bytes_text(free_bytes) + " free of " + detail::bytes_text(total_bytes) + "; " + lower +
+                    " (nothing was allocated; the communicator stays usable)");
+  }
+}
+
 void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason, unusable_context);
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;

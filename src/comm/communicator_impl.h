@@ -168,6 +168,14 @@ struct Communicator::Impl {
   // rank raised that no kernel of this rank saw yet), so that a faulted communicator raises on
   // every rank before any collective.
   void check_for_construction(const char* what);
+  // Before an op's configuration agreement (its errors are local there, and every rank raises):
+  // throws kInvalidArgument where the `bytes` of device memory the op will allocate after the
+  // agreement exceed what this rank's device has free, so that a configuration the device
+  // cannot hold fails before anything is allocated and leaves the communicator usable (after
+  // the agreement a failed allocation would leave it unusable). `what`: the op and its size
+  // parameter, named in the message. Free memory can shrink between this check and the
+  // allocation: a smaller shortfall still raises there.
+  void require_device_memory(const std::string& what, uint64_t bytes, const char* lower) const;
   // Runs an op's call `body(launched)` on `stream`: body sets `launched` once anything that pairs
   // with the peers (a Lamport kernel, an NCCL call) went out. An exception before that counts the
   // call as rejected on this rank (count_rejected on `stream`); one after it leaves the

@@ -45,6 +45,14 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     check_all_gather_config(rank_capacity_bytes);
     detail::DeviceGuard guard(im.comm->device);
     MHCCL_CUDA(kernels::preload_all_gather_kernels());  // before the agreement: a local error every rank learns of
+    // The staging copy, and the mailbox where the peers are reachable (as below).
+    const Communicator::Impl& c = *im.comm;
+    const uint64_t mailbox = c.tp > 1 && c.reachable
+                                 ? static_cast<uint64_t>(kernels::all_gather_mailbox_bytes(c.tp, rank_capacity_bytes / 16))
+                                 : 0;
+    c.require_device_memory("LamportAllGather with rank_capacity_bytes " + std::to_string(rank_capacity_bytes),
+                            mailbox + static_cast<uint64_t>(rank_capacity_bytes),
+                            "lower rank_capacity_bytes, or free device memory before building the op");
     // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
     long long v = 0;
     if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);

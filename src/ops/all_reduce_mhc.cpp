@@ -230,6 +230,39 @@ struct AllReduceMHC::Impl {
 
   // The collective part of construction after the agreement: the streaming grid, mailboxes, states.
   void build(Communicator& comm);
+  // What build() allocates on this rank, from the configuration, TP and whether the peers are
+  // reachable alone, so known before the agreement: the one-shot mailbox's rows, the two-shot's
+  // buffers and owned rows, the NCCL path's rows, and the device memory of them all.
+  struct Buffers {
+    bool mailboxes = false;  // the Lamport mailboxes (TP > 1 with peers reachable, or the self-test)
+    int64_t ll_rows = 0;     // rows of the one-shot mailbox
+    bool two_shot = false;   // the two-shot's mailbox and reduced rows
+    int64_t owner_rows = 0;  // two-shot rows a rank owns at most: ceil(C / tp)
+    bool fallback = false;   // the NCCL path's rows, allocated now (else by its first call, if any)
+    uint64_t bytes = 0;
+  };
+  Buffers buffers(const Communicator::Impl& c) const {
+    Buffers b;
+    const int64_t cap = cfg.max_num_tokens, row_bytes = cfg.hidden_size * 2;
+    b.mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
+    if (b.mailboxes) {
+      const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
+      const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
+      b.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
+      b.bytes += static_cast<uint64_t>(kernels::mailbox_bytes(c.tp, b.ll_rows, np));
+      b.two_shot = cap >= lo;
+      if (b.two_shot) {
+        b.owner_rows = (cap + c.tp - 1) / c.tp;
+        b.bytes += static_cast<uint64_t>(kernels::mailbox_bytes(c.tp, b.owner_rows, np)) +
+                   static_cast<uint64_t>(kernels::mailbox_bytes(1, cap, np));
+      }
+      b.fallback = cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows);  // the automatic choice takes NCCL
+    } else {
+      b.fallback = c.tp > 1;
+    }
+    if (b.fallback) b.bytes += static_cast<uint64_t>(cap * row_bytes + kernels::fallback_ids_bytes());
+    return b;
+  }
 
   void ensure_fallback_rows(cudaStream_t stream) {
     if (fallback_rows != nullptr) return;
@@ -527,6 +560,8 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     detail::DeviceGuard guard(c.device);
     MHCCL_CUDA(kernels::preload_all_reduce_mhc_kernels(im.cfg.hc_mult));
     MHCCL_CUDA(kernels::preload_all_gather_kernels());  // the fill and count kernels among them
+    c.require_device_memory("AllReduceMHC with max_num_tokens " + std::to_string(im.cfg.max_num_tokens),
+                            im.buffers(c).bytes, "lower max_num_tokens, or free device memory before building the op");
   } catch (const Error&) {
     local_error = std::current_exception();
   }
@@ -628,22 +663,20 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
   Communicator::Impl& c = *im.comm;
   const AllReduceMHCConfig& cfg = im.cfg;
   detail::DeviceGuard guard(c.device);
-  const bool mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
-  im.agree_streaming_grid(mailboxes);
+  const Buffers b = im.buffers(c);  // what the check before the agreement counted
+  im.agree_streaming_grid(b.mailboxes);
   const int64_t row_bytes = cfg.hidden_size * 2;
   const int64_t cap = cfg.max_num_tokens;
   MHCCL_CUDA(cudaMalloc(&im.row_tickets, sizeof(uint32_t)));
   MHCCL_CUDA(cudaMemsetAsync(im.row_tickets, 0, sizeof(uint32_t), c.setup_stream));
-  if (mailboxes) {
-    const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
-    const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
-    im.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
+  if (b.mailboxes) {
+    im.ll_rows = b.ll_rows;
     // Each mailbox: its rows and the call headers beside them (kernels/params.h, mailbox_bytes).
     im.ll_mailbox = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(c.tp, im.ll_rows, im.np)),
                                          kernels::kBf16SentinelPair);
-    im.bt_built = cap >= lo;
+    im.bt_built = b.two_shot;
     if (im.bt_built) {
-      im.owner_rows = (cap + c.tp - 1) / c.tp;
+      im.owner_rows = b.owner_rows;
       im.bt_mailbox = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(c.tp, im.owner_rows, im.np)),
                                            kernels::kBf16SentinelPair);
       im.owner_ctas = kernels::owner_reduce_resident_ctas(
@@ -651,12 +684,10 @@ void AllReduceMHC::Impl::build(Communicator& comm) {
       im.bt_reduced = comm.alloc_symmetric(static_cast<size_t>(kernels::mailbox_bytes(1, cap, im.np)),
                                            kernels::kBf16SentinelPair);
     }
-    if (cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows)) {  // the automatic choice takes NCCL
-      im.alloc_fallback(static_cast<size_t>(cap * row_bytes), c.setup_stream);
-    }
+    if (b.fallback) im.alloc_fallback(static_cast<size_t>(cap * row_bytes), c.setup_stream);
     MHCCL_CUDA(cudaMalloc(&im.states, 2 * sizeof(kernels::LamportState)));
     MHCCL_CUDA(cudaMemsetAsync(im.states, 0, 2 * sizeof(kernels::LamportState), c.setup_stream));
-  } else if (c.tp > 1) {
+  } else if (b.fallback) {
     im.alloc_fallback(static_cast<size_t>(cap * row_bytes), c.setup_stream);
   }
   c.setup_wait("AllReduceMHC construction");  // the fills and zeroed words above
@@ -683,6 +714,10 @@ void AllReduceMHC::finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t s
 }
 
 Protocol AllReduceMHC::protocol_for(int64_t m, bool finalize) const {
+  if (m < 1 || m > impl_->cfg.max_num_tokens) {  // as a call's M (check_all_reduce_mhc_call)
+    throw Error(ErrorCode::kInvalidArgument, "protocol_for: m: expected 1.." + std::to_string(impl_->cfg.max_num_tokens) +
+                                                 " (max_num_tokens), got " + std::to_string(m));
+  }
   return impl_->resolve(m, finalize, Protocol::kAuto);
 }
 

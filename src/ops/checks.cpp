@@ -192,8 +192,14 @@ void check_fp8_scales(const DLTensor& s, int64_t m, int64_t h, int device) {
     // is also [G, Mp] (rows == G == Mp, e.g. M = 40 at H = 5120), the layout's own storage
     // order, the two cannot be told apart: taken as [G, Mp].
     const bool m_by_g = s.ndim == 2 && s.shape[0] == m && s.shape[1] == groups && m > 1 && groups > 1;
-    const bool rows_by_g = s.ndim == 2 && (s.shape[0] == m || s.shape[0] == mp) && s.shape[1] == groups &&
-                           s.shape[0] > 1 && groups > 1 && !(s.shape[0] == groups && groups == mp);
+    // Row-major rows by groups, also with dimensions of size 1 around them ([1, M, G], [M, G, 1]:
+    // contiguous, the same memory order as [M, G]).
+    std::vector<int64_t> sized;
+    for (int d = 0; d < s.ndim; ++d) {
+      if (s.shape[d] != 1) sized.push_back(s.shape[d]);
+    }
+    const bool rows_by_g = sized.size() == 2 && (sized[0] == m || sized[0] == mp) && sized[1] == groups &&
+                           sized[0] > 1 && groups > 1 && !(sized[0] == groups && groups == mp);
     if (rows_by_g && is_contiguous(s)) {
       invalid(std::string(name) + ": expected the flat buffer of " + std::to_string(mp * groups) +
               " floats, [G, Mp] = " + shape_str({groups, mp}) + ", or the MN-major view " + shape_str({m, groups}) +

@@ -646,6 +646,23 @@ TEST(Fp8ScalesLayout, RowMajorMGRefusedWhereItsCountFits) {
   expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, c.args(f, row_major)); }, ErrorCode::kInvalidArgument,
                {"fp8 scales", "MN-major view [4, 2]", "strides [1, 4]", "row-major shape [4, 2]"});
 }
+// The same row-major memory with a dimension of size 1 around it ([1, M, G], [M, G, 1]): refused
+// too (an adversarial review, 2026-12-05, found them taken for the flat buffer); a flat buffer
+// with such a dimension ([1, Mp * G]) is still the flat buffer.
+TEST(Fp8ScalesLayout, RowMajorMGWithUnitDimensionsRefused) {
+  Fp8Fixture f;
+  Fp8CallOfM c(4, 256);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 4, 2}, std::vector<int64_t>{4, 2, 1},
+                                            std::vector<int64_t>{1, 4, 1, 2}}) {
+    Desc row_major(addr(0xF8000), kF32, shape);
+    expect_error([&] { check_all_reduce_mhc_call(f.cfg, 0, c.args(f, row_major)); }, ErrorCode::kInvalidArgument,
+                 {"fp8 scales", "row-major shape", "would not be scale(r, g)"});
+  }
+  Desc flat(addr(0xF8000), kF32, {1, 8});
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, flat)), 4);
+  Desc g_mp(addr(0xF8000), kF32, {1, 2, 4});  // [G, Mp] with a unit dimension: the storage order
+  EXPECT_EQ(check_all_reduce_mhc_call(f.cfg, 0, c.args(f, g_mp)), 4);
+}
 // At M == G == Mp (M = 40 at H = 5120, or M = 4 at H = 512) [M, G] is also [G, Mp], the
 // layout's storage order: the same shape, taken as [G, Mp], not refused.
 TEST(Fp8ScalesLayout, MEqualToGroupsIsTheStorageShape) {

@@ -17,6 +17,7 @@
 
 #include "common/mhc_harness.h"
 #include "gpu_env.h"
+#include "mhccl/all_gather.h"
 #include "mhccl/all_reduce_mhc.h"
 #include "mhccl/error.h"
 #include "ops/tuning.h"
@@ -130,6 +131,57 @@ TEST(Tuning, LoadingATableChangesProtocolForAsWritten) {
     EXPECT_NE(std::string(err.what()).find("tuning table " + bad + ": line 1"), std::string::npos) << err.what();
   }
   EXPECT_TRUE(env().solo->usable());
+}
+
+// An op whose buffers the device cannot hold raises kInvalidArgument before the configuration
+// agreement (every rank alike, nothing allocated), and the communicator stays usable: after the
+// agreement a failed allocation left it unusable, and with it every op built on it (an
+// adversarial review, 2026-12-05: max_num_tokens up to 2^24 and rank_capacity_bytes up to 2^35
+// pass the configuration checks whatever the device's memory).
+TEST(Construction, MoreDeviceMemoryThanIsFreeIsRefusedBeforeTheAgreement) {
+  if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
+  Communicator& solo = *env().solo;
+  try {  // the self-test's one-shot mailbox of 2^24 rows: about 500 GB
+    AllReduceMHC op(solo, self_test_config(int64_t{1} << 24, ""));
+    ADD_FAILURE() << "a configuration needing more device memory than the device has was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("AllReduceMHC with max_num_tokens 16777216: needs"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(solo.usable());
+  // LamportAllGather's staging copy, with the device's free memory taken down to about 64 MiB.
+  size_t free_bytes = 0, total_bytes = 0;
+  MHCCL_TEST_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  void* hog = nullptr;
+  if (free_bytes < (size_t{256} << 20) || cudaMalloc(&hog, free_bytes - (size_t{64} << 20)) != cudaSuccess) {
+    cudaGetLastError();
+    GTEST_SKIP() << "could not take the device's free memory down";
+  }
+  try {
+    LamportAllGather ag(solo, int64_t{256} << 20);
+    ADD_FAILURE() << "a capacity larger than the device's free memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("LamportAllGather with rank_capacity_bytes 268435456: needs"),
+              std::string::npos)
+        << e.what();
+  }
+  MHCCL_TEST_CUDA(cudaFree(hog));
+  EXPECT_TRUE(solo.usable());
+  AllReduceMHC op(solo, self_test_config(256, ""));  // the communicator builds ops as before
+  LamportAllGather ag(solo, int64_t{1} << 20);
+  EXPECT_TRUE(solo.usable());
+  // protocol_for takes what a call takes: M in [1, max_num_tokens].
+  for (int64_t m : {int64_t{0}, int64_t{-1}, int64_t{257}}) {
+    try {
+      op.protocol_for(m, false);
+      ADD_FAILURE() << "protocol_for(" << m << ") was answered";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    }
+  }
+  EXPECT_EQ(op.protocol_for(256, true), Protocol::kOneShot);
 }
 
 // lamport_self_test_auto promises "never NCCL": with the NCCL fallback forced (no mailboxes),
