@@ -864,17 +864,21 @@ TEST_P(AllReduceMHCTest, InvalidRouteIsSkippedAndReported) {
   // One bad route (row 1, route k), on the CTA-per-row paths (M = 5: a single launch at TP > 1;
   // M = 133: publish + a CTA per row) and the streaming ones (TP=1: the direct finalize
   // consumer; TP > 1: the one-shot's publishing CTAs), in the first group of 8 routes and, at
-  // top_k = 10, beyond it.
-  struct Case { int64_t m; bool streaming; int top_k, k; };
-  for (const Case c : {Case{5, false, 6, 1}, Case{133, false, 6, 1}, Case{133, true, 6, 1}, Case{133, true, 10, 1},
-                       Case{133, true, 10, 9}}) {
-    AllReduceMHCConfig cfg = config(5120, 4, 160, 161);
+  // top_k = 10, beyond it. M = 600 streaming: a bad route in every seventh row from row 1, so
+  // that the streaming consumers' later rows of a CTA (TP=1: up to five, the route ring's
+  // every entry) skip it too.
+  struct Case { int64_t m; bool streaming; int top_k, k; int64_t every; };
+  for (const Case c : {Case{5, false, 6, 1, 0}, Case{133, false, 6, 1, 0}, Case{133, true, 6, 1, 0},
+                       Case{133, true, 10, 1, 0}, Case{133, true, 10, 9, 0}, Case{600, true, 6, 3, 7}}) {
+    AllReduceMHCConfig cfg = config(5120, 4, 600, 601);
     cfg.top_k = c.top_k;
     cfg.streaming_min_rows = c.streaming ? 2 : 0;
     AllReduceMHC op(comm(), cfg);
-    CallBuffers b(160, 5120, 4, c.top_k);
+    CallBuffers b(600, 5120, 4, c.top_k);
     Problem p = testing::make_problem(50000 + c.m + c.top_k + c.k, c.m, 5120, 4, tp(), true, c.top_k);
-    for (auto& routes : p.routes) routes[c.top_k + c.k] = 1 << 20;  // far outside gemm2
+    for (auto& routes : p.routes) {  // far outside gemm2
+      for (int64_t row = 1; row < c.m; row += c.every > 0 ? c.every : c.m) routes[row * c.top_k + c.k] = 1 << 20;
+    }
     const std::string what = "M=" + std::to_string(c.m) + (c.streaming ? " streaming" : " CTA per row") +
                              " top_k=" + std::to_string(c.top_k) + " bad route " + std::to_string(c.k);
     run(op, b, p, fp8() ? qv() : Variant::kPlain, Protocol::kAuto, what.c_str());
