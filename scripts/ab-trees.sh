@@ -15,9 +15,10 @@
 #                                   rather, if a GPU machine has not built them yet)
 set -euo pipefail
 caller=$PWD
-cd "$(dirname "$0")/.."
-root=$PWD
-if [[ $# -eq 0 ]]; then sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+self=$(realpath "$0")
+cd "$(dirname "$self")/.."
+root=$(pwd -P)  # physical, as realpath gives the patches' paths
+if [[ $# -eq 0 ]]; then sed -n '2,15p' "$self" | sed 's/^# \{0,1\}//'; exit 2; fi
 shopt -s nullglob
 case $1 in
   --list)
@@ -48,14 +49,14 @@ for spec in "$@"; do
   for patch in "${given[@]}"; do
     if [[ $patch == /* && -f $patch ]]; then path=$(realpath "$patch")
     elif [[ -f $caller/$patch ]]; then path=$(realpath "$caller/$patch")
-    elif [[ -f $root/$patch ]]; then path=$root/$patch
+    elif [[ -f $root/$patch ]]; then path=$(realpath "$root/$patch")
     else fail "no patch file '$patch' (from $caller or $root)"; fi
     while read -r need; do
       [[ -n $need ]] || continue
       found=0
       for done_path in "${applied[@]}"; do [[ $(basename "$done_path") == "$(basename "$need")" ]] && found=1; done
       ((found)) || fail "$patch requires $need before it in '$spec' (its '# Requires:' line)"
-    done < <(sed -n -E 's/^# Requires: *([^ ]+).*$/\1/p' "$path")
+    done < <(tr -d '\r' < "$path" | sed -n -E 's/^# Requires: *([^ ]+).*$/\1/p')
     applied+=("$path"); resolved+=("$path")
     shown=$path; [[ $path == "$root"/* ]] && shown=${path#"$root"/}  # from the root, where it lies there
     what+=" +$shown $(git hash-object "$path")"

@@ -538,10 +538,11 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     group, _, _ = _group_layout(group)
     index = None if device is None else _device_index(device)
     gid = id(group) if group is not None else 0
-    keys = [k for k in _COMMUNICATORS if k[0] == gid and (index is None or k[1] == index)]
-    for key in keys:
-        del _COMMUNICATORS[key]
-    return len(keys)
+    forgotten = 0
+    for key in list(_COMMUNICATORS):  # a copy: another thread's op, or a weakref callback, may change it
+        if key[0] == gid and (index is None or key[1] == index):
+            forgotten += _COMMUNICATORS.pop(key, None) is not None
+    return forgotten
 
 
 def _torch_ops() -> Any:

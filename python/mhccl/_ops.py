@@ -108,6 +108,27 @@ def same_device(**tensors: Optional[Any]) -> None:
                 f"got {t.device}")
 
 
+def count_if_run_on_meta(handle: Any, kind: str, lead: Any) -> None:
+    """A fake implementation run as the op's meta kernel, on plain meta tensors rather than a
+    trace's fake or functional ones (a compiled graph, or the torch op itself, run on meta
+    tensors; the classes refuse such a call eagerly), stands for a call that launches nothing.
+    It is counted as a rejected call on the instance's communicator: where the peers made the
+    call for real, every rank's next call is then a DivergenceError instead of this rank's next
+    call pairing with the peers' call of this one (SPEC.md, "Ranks that diverge get an error";
+    an adversarial review, 2026-12-05). Where every rank runs it on meta tensors, the counts
+    stay equal."""
+    import torch
+
+    if type(lead) not in (torch.Tensor, torch.nn.Parameter) or not lead.is_meta:
+        return
+    op = instance(handle, kind)
+    comm = getattr(op, "_comm", None)  # None: an instance without its C++ side (the CPU tests')
+    if comm is not None:
+        from ._api import _rejection_stream
+
+        comm.note_rejected_call(_rejection_stream(op))
+
+
 def _scale_bytes(m: int, hidden: int) -> int:
     # mxfp8_scale_bytes for fake tensors, where m may be symbolic.
     return 512 * ((m + 127) // 128) * ((hidden // _MXFP8_BLOCK + 3) // 4)
@@ -232,6 +253,7 @@ def _define() -> None:
     def _(handle: Any, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
           eps: Any, protocol: Any, residual_out: Any, layer_input: Any, mxfp8_values: Any,
           mxfp8_scales: Any, fp8_values: Any, fp8_scales: Any) -> Any:
+        count_if_run_on_meta(handle, "AllReduceMHC", x)  # a run, not a trace, on meta tensors
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight,
                     residual_out=residual_out, layer_input=layer_input, mxfp8_values=mxfp8_values,
                     mxfp8_scales=mxfp8_scales, fp8_values=fp8_values, fp8_scales=fp8_scales)
@@ -257,6 +279,7 @@ def _define() -> None:
     @all_reduce_mhc.register_fake
     def _(handle: Any, x: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
           eps: Any, protocol: Any = "auto", with_mxfp8: Any = False, with_fp8: Any = False) -> Any:
+        count_if_run_on_meta(handle, "AllReduceMHC", x)  # a run, not a trace, on meta tensors
         same_device(x=x, residual=residual, post=post, comb=comb, pre=pre, norm_weight=norm_weight)
         op = instance(handle, "AllReduceMHC")
         return new_outputs(op, checked_rows(op, "x", x, eps), x.device, pre is not None,
@@ -286,6 +309,7 @@ def _define() -> None:
           shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
           eps: Any, protocol: Any, residual_out: Any, layer_input: Any, mxfp8_values: Any,
           mxfp8_scales: Any, fp8_values: Any, fp8_scales: Any) -> Any:
+        count_if_run_on_meta(handle, "AllReduceMHC", shared_output)  # a run, not a trace, on meta tensors
         same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
@@ -319,6 +343,7 @@ def _define() -> None:
     def _(handle: Any, gemm2_permuted: Any, expert_weights: Any, expanded_idx_to_permuted_idx: Any,
           shared_output: Any, residual: Any, post: Any, comb: Any, pre: Any, norm_weight: Any,
           eps: Any, protocol: Any = "auto", with_mxfp8: Any = False, with_fp8: Any = False) -> Any:
+        count_if_run_on_meta(handle, "AllReduceMHC", shared_output)  # a run, not a trace, on meta tensors
         same_device(shared_output=shared_output, gemm2_permuted=gemm2_permuted,
                     expert_weights=expert_weights,
                     expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx, residual=residual,
@@ -352,6 +377,7 @@ def _define() -> None:
 
     @all_gather_out.register_fake
     def _(handle: Any, inp: Any, out: Any) -> Any:
+        count_if_run_on_meta(handle, "LamportAllGather", inp)  # a run, not a trace, on meta tensors
         same_device(inp=inp, out=out)
         checked_gather(instance(handle, "LamportAllGather"), inp)
         return None
@@ -370,6 +396,7 @@ def _define() -> None:
 
     @all_gather.register_fake
     def _(handle: Any, inp: Any) -> Any:
+        count_if_run_on_meta(handle, "LamportAllGather", inp)  # a run, not a trace, on meta tensors
         op = instance(handle, "LamportAllGather")
         checked_gather(op, inp)
         return gathered(op, inp, torch.empty)

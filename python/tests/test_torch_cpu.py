@@ -1105,6 +1105,39 @@ def test_an_eager_call_on_meta_tensors_is_refused_and_counted(counting_op, which
     assert rec.calls == []
 
 
+@pytest.mark.parametrize("which", ["call", "finalize", "all_gather"])
+def test_a_compiled_call_run_on_meta_tensors_is_counted(counting_op, which):
+    """The classes refuse an eager call on meta tensors; a compiled graph (or the torch op itself)
+    run on meta tensors reaches only the fake implementation, as torch's meta kernel, and returns
+    meta outputs: it is counted as a rejected call there, once a run (tracing counts nothing), so
+    that where the peers made the call for real every rank's next call is a DivergenceError."""
+    op, comm, rec = counting_op
+    if which == "all_gather":
+        from test_cpu import _CountingComm
+
+        comm = _CountingComm()
+        op = _meta_instance(mhccl.LamportAllGather, world_size=4, rank_capacity_bytes=1 << 20,
+                            _op=rec, _device=0, _comm=comm)
+        args = (torch.zeros(5, 8, device="meta"),)
+        direct = lambda: torch.ops.mhccl.all_gather(op._handle, *args)  # noqa: E731
+        step = op
+    else:
+        lead, t = _call_inputs(3, "meta", which == "finalize", "plain")
+        args = (*lead.values(), t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"])
+        fn = op.finalize if which == "finalize" else op
+        step = lambda *a: fn(*a, 1e-6)  # noqa: E731
+        direct = lambda: _functional(op._handle, lead, t, which == "finalize", "plain")  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for i in (1, 2):
+        outs = compiled(*args)
+        assert all(o.device.type == "meta" for o in (outs if isinstance(outs, tuple) else (outs,)) if o is not None)
+        assert comm.rejected_calls == i
+    direct()
+    assert comm.rejected_calls == 3
+    assert rec.calls == []
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_class_call_traces_with_fullgraph_when_eps_is_dynamic(recording_op, monkeypatch, dynamic):
     """USAGE.md: code calling the classes compiles with fullgraph=True. A dynamic eps (symbolic

@@ -232,7 +232,8 @@ struct AllReduceMHC::Impl {
   void build(Communicator& comm);
   // What build() allocates on this rank, from the configuration, TP and whether the peers are
   // reachable alone, so known before the agreement: the one-shot mailbox's rows, the two-shot's
-  // buffers and owned rows, the NCCL path's rows, and the device memory of them all.
+  // buffers and owned rows, the NCCL path's rows, and the device memory of them all (each
+  // symmetric window rounded up to 2 MiB, the physical granularity such memory is mapped in).
   struct Buffers {
     bool mailboxes = false;  // the Lamport mailboxes (TP > 1 with peers reachable, or the self-test)
     int64_t ll_rows = 0;     // rows of the one-shot mailbox
@@ -244,17 +245,20 @@ struct AllReduceMHC::Impl {
   Buffers buffers(const Communicator::Impl& c) const {
     Buffers b;
     const int64_t cap = cfg.max_num_tokens, row_bytes = cfg.hidden_size * 2;
+    const auto window = [](int64_t bytes) {
+      constexpr uint64_t kGranule = uint64_t{2} << 20;
+      return (static_cast<uint64_t>(bytes) + kGranule - 1) / kGranule * kGranule;
+    };
     b.mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
     if (b.mailboxes) {
       const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
       const int64_t lo = std::min(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
       b.ll_rows = std::min(cap, std::max<int64_t>(hi - 1, 1));
-      b.bytes += static_cast<uint64_t>(kernels::mailbox_bytes(c.tp, b.ll_rows, np));
+      b.bytes += window(kernels::mailbox_bytes(c.tp, b.ll_rows, np));
       b.two_shot = cap >= lo;
       if (b.two_shot) {
         b.owner_rows = (cap + c.tp - 1) / c.tp;
-        b.bytes += static_cast<uint64_t>(kernels::mailbox_bytes(c.tp, b.owner_rows, np)) +
-                   static_cast<uint64_t>(kernels::mailbox_bytes(1, cap, np));
+        b.bytes += window(kernels::mailbox_bytes(c.tp, b.owner_rows, np)) + window(kernels::mailbox_bytes(1, cap, np));
       }
       b.fallback = cap >= std::min(cfg.nccl_min_rows, cfg.nccl_min_finalize_rows);  // the automatic choice takes NCCL
     } else {
