@@ -45,7 +45,7 @@ for spec in "$@"; do
   given=()
   if [[ $rest == *+* ]]; then IFS=+ read -r -a given <<< "${rest#*+}"; fi
   sha=$(git rev-parse --verify --quiet "$rev^{commit}") || fail "no commit '$rev'"
-  what=$sha; resolved=(); applied=()
+  what=$sha; resolved=()  # the patches' paths, in order
   for patch in "${given[@]}"; do
     if [[ $patch == /* && -f $patch ]]; then path=$(realpath "$patch")
     elif [[ -f $caller/$patch ]]; then path=$(realpath "$caller/$patch")
@@ -54,10 +54,10 @@ for spec in "$@"; do
     while read -r need; do
       [[ -n $need ]] || continue
       found=0
-      for done_path in "${applied[@]}"; do [[ $(basename "$done_path") == "$(basename "$need")" ]] && found=1; done
+      for done_path in "${resolved[@]}"; do [[ $(basename "$done_path") == "$(basename "$need")" ]] && found=1; done
       ((found)) || fail "$patch requires $need before it in '$spec' (its '# Requires:' line)"
     done < <(tr -d '\r' < "$path" | sed -n -E 's/^# Requires: *([^ ]+).*$/\1/p')
-    applied+=("$path"); resolved+=("$path")
+    resolved+=("$path")
     shown=$path; [[ $path == "$root"/* ]] && shown=${path#"$root"/}  # from the root, where it lies there
     what+=" +$shown $(git hash-object "$path")"
   done

@@ -479,6 +479,11 @@ def _options_args(wait_timeout_ms: Any, watchdog: Any, force_nccl_fallback: Any
 _COMMUNICATORS: "Dict[Tuple[Any, ...], Tuple[weakref.ref[Any], Any]]" = {}
 
 
+def _group_id(group: Any) -> int:
+    """A resolved group's part of a _COMMUNICATORS key (0: TP=1 without torch.distributed)."""
+    return id(group) if group is not None else 0
+
+
 def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
                   watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
     """The collective construction of a TP group's communicator: rank 0 of ``group`` makes the NCCL
@@ -487,8 +492,7 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
     every rank builds it)."""
     lib = _lib()
     group, tp, rank = _group_layout(group)
-    key = (id(group) if group is not None else 0, device, wait_timeout_ms, watchdog,
-           force_nccl_fallback)
+    key = (_group_id(group), device, wait_timeout_ms, watchdog, force_nccl_fallback)
     entry = _COMMUNICATORS.get(key)
     comm = entry[0]() if entry is not None else None
     if comm is not None:
@@ -537,7 +541,7 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     """
     group, _, _ = _group_layout(group)
     index = None if device is None else _device_index(device)
-    gid = id(group) if group is not None else 0
+    gid = _group_id(group)
     forgotten = 0
     for key in list(_COMMUNICATORS):  # a copy: another thread's op, or a weakref callback, may change it
         if key[0] == gid and (index is None or key[1] == index):

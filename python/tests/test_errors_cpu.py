@@ -266,23 +266,30 @@ def test_the_cpp_communicator_check_arrives_as_its_class():
         assert str(e).startswith("wait_timeout_ms: expected 1 to 86400000 ms, got 0")
 
 
-def test_forget_communicator_makes_the_next_op_build_a_new_one(monkeypatch):
-    """The recovery from an unusable communicator (README, "Errors"): ops share a group's
-    communicator while any lives, so a new op found the unusable one again wherever a reference
-    to an old op remained; after forget_communicator the next one builds a new communicator (the
-    old ops keep theirs)."""
+class _Group:  # a stand-in process group of one rank
+    pass
+
+
+@pytest.fixture
+def stand_in_communicators(monkeypatch):
+    """_communicator with stand-ins for the C++ Communicator and for torch.distributed's groups
+    (one rank each), and an empty cache: what the cache keys and keeps, without a GPU."""
     class Comm:
         def __init__(self, uid, rank, tp, device, **options):
-            self.device = device
-
-    class Group:  # a stand-in process group of one rank
-        pass
+            pass
 
     lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
     monkeypatch.setattr(_api, "_lib", lambda: lib)
     monkeypatch.setattr(_api, "_group_layout", lambda g: (g, 1, 0))
     monkeypatch.setattr(_api, "_COMMUNICATORS", {})
-    group, other = Group(), Group()
+
+
+def test_forget_communicator_makes_the_next_op_build_a_new_one(stand_in_communicators):
+    """The recovery from an unusable communicator (README, "Errors"): ops share a group's
+    communicator while any lives, so a new op found the unusable one again wherever a reference
+    to an old op remained; after forget_communicator the next one builds a new communicator (the
+    old ops keep theirs)."""
+    group, other = _Group(), _Group()
     old0, old1, kept = _api._communicator(group, 0), _api._communicator(group, 1), _api._communicator(other, 0)
     assert mhccl.forget_communicator(group, "cuda:1") == 1  # that device's only
     new1 = _api._communicator(group, 1)
@@ -291,7 +298,7 @@ def test_forget_communicator_makes_the_next_op_build_a_new_one(monkeypatch):
     new0 = _api._communicator(group, 0)
     assert new0 is not old0 and _api._communicator(group, 0) is new0
     assert _api._communicator(other, 0) is kept  # another group's untouched
-    assert mhccl.forget_communicator(Group()) == 0
+    assert mhccl.forget_communicator(_Group()) == 0
     with pytest.raises(mhccl.InvalidArgumentError, match="^device: expected a CUDA device"):
         mhccl.forget_communicator(group, "cpu")
 
@@ -305,32 +312,21 @@ def test_device_cuda_without_torch_is_the_packages_error(monkeypatch):
     assert _api._device_index("cuda:3") == 3  # a number needs no PyTorch
 
 
-def test_a_communicator_is_never_found_under_another_groups_id(monkeypatch):
+def test_a_communicator_is_never_found_under_another_groups_id(stand_in_communicators):
     """The cache of communicators is keyed by the group's id(): its entry keeps the group alive
     while the communicator lives (so no other group can be made at its address and find it), and
     goes when the communicator does."""
     import gc
     import weakref
 
-    class Comm:
-        def __init__(self, uid, rank, tp, device, **options):
-            self.tp = tp
-
-    class Group:  # a stand-in process group of one rank
-        pass
-
-    lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
-    monkeypatch.setattr(_api, "_lib", lambda: lib)
-    monkeypatch.setattr(_api, "_group_layout", lambda g: (g, 1, 0))
-    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
-    group = Group()
+    group = _Group()
     group_ref = weakref.ref(group)
     comm = _api._communicator(group, 0)
     assert _api._communicator(group, 0) is comm  # shared by the ops of one group
     del group
     gc.collect()
     assert group_ref() is not None  # held while its communicator lives: its id stays its own
-    other = Group()
+    other = _Group()
     assert _api._communicator(other, 0) is not comm
     del comm
     gc.collect()

@@ -1080,6 +1080,16 @@ def test_a_call_rejected_while_compiled_is_counted(counting_op, bad):
     assert rec.calls == []
 
 
+def _counting_all_gather(rec):
+    """A LamportAllGather stand-in as counting_op's AllReduceMHC: its C++ op the recorder, its
+    communicator counting rejected calls."""
+    from test_cpu import _CountingComm
+
+    comm = _CountingComm()
+    return _meta_instance(mhccl.LamportAllGather, world_size=4, rank_capacity_bytes=1 << 20,
+                          _op=rec, _device=0, _comm=comm), comm
+
+
 @pytest.mark.parametrize("which", ["call", "finalize", "all_gather"])
 def test_an_eager_call_on_meta_tensors_is_refused_and_counted(counting_op, which):
     """An eager call whose tensors are all meta tensors reached only the fake implementation
@@ -1088,11 +1098,7 @@ def test_an_eager_call_on_meta_tensors_is_refused_and_counted(counting_op, which
     and counted as a rejected call; under torch.compile meta tensors still trace."""
     op, comm, rec = counting_op
     if which == "all_gather":
-        from test_cpu import _CountingComm
-
-        comm = _CountingComm()
-        op = _meta_instance(mhccl.LamportAllGather, world_size=4, rank_capacity_bytes=1 << 20,
-                            _op=rec, _device=0, _comm=comm)
+        op, comm = _counting_all_gather(rec)
         with pytest.raises(mhccl.InvalidArgumentError, match="^inp: a meta tensor"):
             op(torch.zeros(5, 8, device="meta"))
     else:
@@ -1113,11 +1119,7 @@ def test_a_compiled_call_run_on_meta_tensors_is_counted(counting_op, which):
     that where the peers made the call for real every rank's next call is a DivergenceError."""
     op, comm, rec = counting_op
     if which == "all_gather":
-        from test_cpu import _CountingComm
-
-        comm = _CountingComm()
-        op = _meta_instance(mhccl.LamportAllGather, world_size=4, rank_capacity_bytes=1 << 20,
-                            _op=rec, _device=0, _comm=comm)
+        op, comm = _counting_all_gather(rec)
         args = (torch.zeros(5, 8, device="meta"),)
         direct = lambda: torch.ops.mhccl.all_gather(op._handle, *args)  # noqa: E731
         step = op

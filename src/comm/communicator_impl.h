@@ -129,6 +129,12 @@ struct Communicator::Impl {
   // Collective where `shared` (every rank, same bytes): the memory filled with `fill` on every
   // rank before any peer may store into it. Not shared: plain device memory.
   void alloc_window(size_t bytes, uint32_t fill, bool shared, Window& w);
+  // The device memory a symmetric window of `bytes` is counted as before it is allocated
+  // (require_device_memory): rounded up to 2 MiB, the granularity such memory is mapped in.
+  static uint64_t symmetric_window_bytes(int64_t bytes) {
+    constexpr uint64_t kGranule = uint64_t{2} << 20;
+    return (static_cast<uint64_t>(bytes) + kGranule - 1) / kGranule * kGranule;
+  }
   // Deregisters and frees (waiting for no peer after a peer failure: see release()).
   void free_window(Window& w);
   // The fault words (kernels/params.h, fault_word; PROTOCOL.md I12b): one uint32 a rank, shared

@@ -47,11 +47,9 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     MHCCL_CUDA(kernels::preload_all_gather_kernels());  // before the agreement: a local error every rank learns of
     // The staging copy, and the mailbox where the peers are reachable (as below).
     const Communicator::Impl& c = *im.comm;
-    constexpr uint64_t kGranule = uint64_t{2} << 20;  // a symmetric window's mapping granularity
     const uint64_t mailbox =
         c.tp > 1 && c.reachable
-            ? (static_cast<uint64_t>(kernels::all_gather_mailbox_bytes(c.tp, rank_capacity_bytes / 16)) + kGranule - 1) /
-                  kGranule * kGranule
+            ? Communicator::Impl::symmetric_window_bytes(kernels::all_gather_mailbox_bytes(c.tp, rank_capacity_bytes / 16))
             : 0;
     c.require_device_memory("LamportAllGather with rank_capacity_bytes " + std::to_string(rank_capacity_bytes),
                             mailbox + static_cast<uint64_t>(rank_capacity_bytes),

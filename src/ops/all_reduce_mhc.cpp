@@ -232,8 +232,8 @@ struct AllReduceMHC::Impl {
   void build(Communicator& comm);
   // What build() allocates on this rank, from the configuration, TP and whether the peers are
   // reachable alone, so known before the agreement: the one-shot mailbox's rows, the two-shot's
-  // buffers and owned rows, the NCCL path's rows, and the device memory of them all (each
-  // symmetric window rounded up to 2 MiB, the physical granularity such memory is mapped in).
+  // buffers and owned rows, the NCCL path's rows, and the device memory of them all
+  // (Communicator::Impl::symmetric_window_bytes for each mailbox).
   struct Buffers {
     bool mailboxes = false;  // the Lamport mailboxes (TP > 1 with peers reachable, or the self-test)
     int64_t ll_rows = 0;     // rows of the one-shot mailbox
@@ -245,10 +245,7 @@ struct AllReduceMHC::Impl {
   Buffers buffers(const Communicator::Impl& c) const {
     Buffers b;
     const int64_t cap = cfg.max_num_tokens, row_bytes = cfg.hidden_size * 2;
-    const auto window = [](int64_t bytes) {
-      constexpr uint64_t kGranule = uint64_t{2} << 20;
-      return (static_cast<uint64_t>(bytes) + kGranule - 1) / kGranule * kGranule;
-    };
+    const auto window = Communicator::Impl::symmetric_window_bytes;
     b.mailboxes = (c.tp > 1 || cfg.lamport_self_test) && c.reachable;
     if (b.mailboxes) {
       const int64_t hi = std::max(cfg.two_shot_min_rows, cfg.two_shot_min_finalize_rows);
