@@ -77,8 +77,9 @@ if [[ " $stages " == *" tests "* ]]; then
   echo "bench checks rc=$?"; grep -E "FAIL|failed|error" "$OUT/bench-check.log" | head -20
 fi
 if [[ " $stages " == *" deadpeer "* ]]; then
-  # Modes: the Lamport paths, the NCCL fallback eagerly and replayed as a CUDA graph (its watchdog).
-  for mode in lamport fallback fallback-graph; do
+  # Modes: the Lamport paths, the NCCL fallback eagerly and replayed as a CUDA graph (its watchdog),
+  # and the fallback's teardown with the watchdog off.
+  for mode in lamport fallback fallback-graph fallback-teardown; do
     stamp "dead peer ($mode): rank 1 SIGKILLs itself; rank 0 must report it and exit"
     timeout 200 "$B/tools/mhccl-launch" -n 2 --grace 60 --timeout 180 -- "$B/tests/gpu/mhccl_dead_peer_test" $mode > "$OUT/deadpeer-$mode.log" 2>&1
     echo "dead peer ($mode) launcher rc=$? (137: the dead rank's SIGKILL)"; grep -E "dead peer:|dying|mhccl-launch" "$OUT/deadpeer-$mode.log" | head -8

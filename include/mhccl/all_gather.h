@@ -23,15 +23,18 @@ class Communicator;
 // copy; the NCCL fallback an ncclAllGather of the bytes as they are.
 class LamportAllGather {
  public:
-  // rank_capacity_bytes: a positive multiple of 16, at most 2^35. Mailbox: 3.75 * tp * capacity
-  // bytes per rank.
+  // rank_capacity_bytes: a positive multiple of 16, at most 2^35. Mailbox at TP > 1 with peers
+  // reachable: 3.75 * tp * capacity + 6 KiB * tp bytes per rank (the packs and escape words of
+  // 3 generations, and the call headers), rounded up to 4 KiB; beside it a staging copy of
+  // capacity bytes.
   LamportAllGather(Communicator& comm, int64_t rank_capacity_bytes);
   ~LamportAllGather();
   LamportAllGather(const LamportAllGather&) = delete;
   LamportAllGather& operator=(const LamportAllGather&) = delete;
 
-  // Whether `in` fits: 0 < bytes <= capacity and bytes % 16 == 0 (from its size alone, so every
-  // rank decides alike).
+  // Whether `in` fits: 1 to 16 dimensions (the gather concatenates along dim 0, which a 0-d
+  // tensor has not), 0 < bytes <= capacity and bytes % 16 == 0 (from its shape and dtype alone,
+  // so every rank decides alike).
   bool accepts(const DLTensor& in) const;
 
   // out = every rank's `in` concatenated along dim 0 in rank order: a contiguous tensor of in's

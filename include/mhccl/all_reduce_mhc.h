@@ -33,7 +33,7 @@ struct AllReduceMHCConfig {
   int64_t hidden_size = 5120;    // H: a multiple of 8 (of 32 with quantize_layer_input, of 128
                                  // with quantize_layer_input_fp8), <= 32768
   int hc_mult = 4;               // hc: 1, 2, 4 or 8
-  int64_t max_num_tokens = 0;    // C: rows per call at most, >= 1
+  int64_t max_num_tokens = 0;    // C: rows per call at most, 1 to 2^24 (kMaxTokens)
   int top_k = 6;                 // routes per token of finalize, 1..16
   bool quantize_layer_input = false;  // build the MXFP8 variant (accept mxfp8 outputs)
   // Build the per-token-group FP8 variant (accept fp8 outputs: groups of 128 elements, FP32
@@ -190,7 +190,8 @@ class AllReduceMHC {
   // reported by Communicator::check_errors() as Error(kInvalidRoute).
   void finalize(const AllReduceMHCFinalizeArgs& args, cudaStream_t stream);
 
-  // The protocol kAuto picks for M rows (rank-invariant). Throws kInvalidArgument where M is
+  // The protocol kAuto picks for M rows (rank-invariant). At TP=1 the call reads x directly
+  // (no mailbox, no exchange), which this names kOneShot. Throws kInvalidArgument where M is
   // outside [1, max_num_tokens], which no call takes.
   Protocol protocol_for(int64_t m, bool finalize) const;
   // The configuration with defaults resolved (thresholds; kNever = INT64_MAX for never).

@@ -37,14 +37,17 @@ struct CommunicatorOptions {
   // throws kPeerTimeout naming the wait and aborts its NCCL communicator. 30 s: far above any
   // stall of a live peer in decode (a rank behind by a whole prefill step is under a second),
   // short enough that a dead peer surfaces well before NCCL/torch watchdogs (10 min).
-  // MHCCL_WAIT_TIMEOUT_MS in the environment overrides the default. Ranks should start within
+  // MHCCL_WAIT_TIMEOUT_MS in the environment, where set, takes precedence over this field (the
+  // default or a value the caller set). Ranks should start within
   // it of one another: the first construction waits for every rank.
   uint64_t wait_timeout_ms = 30000;
   // The NCCL fallback's watchdog thread (PROTOCOL.md, I20): from the first fallback call on, a
   // background thread looks at the fallback's progress every tenth of the budget and aborts the
   // NCCL communicator when an operation waited past the budget (a dead peer; under CUDA graphs
   // no host call would see it), so that a synchronization stuck behind it returns, and the next
-  // call or check_errors() throws kPeerTimeout. Off: only op calls and check_errors() look.
+  // call or check_errors() throws kPeerTimeout. Off: only op calls and check_errors() look,
+  // and teardown (an op's or this communicator's destruction after a fallback call) starts the
+  // thread for its own device synchronizations, so that they end within the budget too.
   bool watchdog = true;
   // Use the NCCL fallback path (ncclAllReduce + the same fused consumer) even where every peer
   // is load/store reachable.
@@ -58,11 +61,16 @@ class SymmetricBuffer;
 class Communicator {
  public:
   // Creates and owns an NCCL communicator of `tp` ranks from `id` (see make_unique_id), on CUDA
-  // device `device`. tp in {1, 2, 4, 8}. Throws Error(kInvalidArgument) for bad rank/tp/device,
-  // Error(kNccl/kCuda) when NCCL or CUDA fail (nothing is leaked).
+  // device `device`. tp in {1, 2, 4, 8}. Throws Error(kUnsupported) for another tp,
+  // Error(kInvalidArgument) for a bad rank or device, Error(kNccl/kCuda) when NCCL or CUDA fail
+  // (nothing is leaked), Error(kPeerTimeout) where a rank does not join within the budget.
   Communicator(const ncclUniqueId& id, int rank, int tp, int device,
                CommunicatorOptions options = {});
   // Wraps a communicator the caller created (and keeps owning: it must outlive this object).
+  // Create it non-blocking (ncclConfig_t::blocking = 0), as the other constructor does: on a
+  // blocking communicator NCCL's own host calls (window registration, the construction's small
+  // all-reduces) wait for every rank with no budget, so a peer that never constructs would hang
+  // this rank there instead of raising kPeerTimeout (PROTOCOL.md, I20).
   Communicator(ncclComm_t comm, int device, CommunicatorOptions options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -74,10 +82,10 @@ class Communicator {
   int rank() const;
   int tp() const;
   int device() const;
-  // The NCCL communicator. One this object created is non-blocking (config.blocking = 0, so
-  // that every wait on it has a budget): an NCCL call on it may return ncclInProgress, and the
-  // caller polls ncclCommGetAsyncError until it settles before the next call. After a budget
-  // expired it was aborted: nullptr.
+  // The NCCL communicator. One this object created at TP > 1 is non-blocking (config.blocking =
+  // 0, so that every wait on it has a budget): an NCCL call on it may return ncclInProgress, and
+  // the caller polls ncclCommGetAsyncError until it settles before the next call. At TP=1 (no
+  // peer to wait for) it is blocking. After a budget expired it was aborted: nullptr.
   ncclComm_t nccl() const;
   const CommunicatorOptions& options() const;
 
@@ -86,10 +94,13 @@ class Communicator {
   bool peers_reachable() const;
 
   // Throws the first error a kernel recorded since the last check (non-blocking: reads a
-  // host-mapped record; a kernel still running reports on a later check): kPeerTimeout, which
-  // leaves the communicator unusable (every later op throws Error(kUnusable) until it is
-  // rebuilt), or kInvalidRoute (non-fatal; reported here only, never by an op's call, so that
-  // no rank drops a call its peers make).
+  // host-mapped record and this rank's fault word; a kernel still running reports on a later
+  // check): kPeerTimeout (a wait of this rank or a peer gave up) or kDivergence (the ranks'
+  // calls stopped pairing), either of which leaves the communicator unusable (every later op,
+  // and this, throws Error(kUnusable) until it is rebuilt), kCuda where the fault word could
+  // not be read (unusable too), or kInvalidRoute (non-fatal; reported here only, never by an
+  // op's call, so that no rank drops a call its peers make). Safe while a CUDA graph is being
+  // captured on another stream or thread (its one copy is made in the relaxed capture mode).
   // Destruction after a peer timeout (reported or still pending in the record) waits for no
   // peer: the ops' symmetric windows are not deregistered and an owned NCCL communicator is
   // released with ncclCommAbort, so a rank whose peer died can tear down and exit. Around a
@@ -118,6 +129,12 @@ class Communicator {
   // call's kernels disagree (a false kDivergence, never a wrong value).
   void note_rejected_call(cudaStream_t stream);
   uint32_t rejected_calls() const;
+  // Calls of this communicator's ops that went out on this rank so far (their first kernel or
+  // NCCL operation enqueued, whether the call then completed or failed). A binding that wraps
+  // an op's call tells by it and rejected_calls() whether an exception it caught came before
+  // the call reached its launch (neither moved: it calls note_rejected_call) or after it (an
+  // interrupt once the call returned: nothing to count).
+  uint32_t launched_calls() const;
 
   // Symmetric memory of `bytes` on every rank (collective), each 32-bit word set to `fill`. At
   // TP=1: plain device memory (no peer). Throws Error(kUnsupported) where peers are unreachable.

@@ -15,7 +15,6 @@ import importlib
 import os
 import operator
 import sys
-import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
                     Union)
 
@@ -470,13 +469,17 @@ def _options_args(wait_timeout_ms: Any, watchdog: Any, force_nccl_fallback: Any
             _bool_arg("force_nccl_fallback", force_nccl_fallback))
 
 
-# One communicator per (group, device, options), shared by every op built on it while any is
-# alive: its rejected-call count and its unusable state are theirs in common. The key holds the
-# group's id(); the entry holds the group itself beside a weak reference to the communicator, so
-# that the group outlives its id's use as a key (a group collected while ops on it live, and
-# another made at its address, would otherwise find the first group's communicator: other
-# peers). The entry goes when its communicator does.
-_COMMUNICATORS: "Dict[Tuple[Any, ...], Tuple[weakref.ref[Any], Any]]" = {}
+# One communicator per (group, device, options), shared by every op built with them and kept
+# until forget_communicator: its rejected-call count and its unusable state are theirs in
+# common. Whether a construction finds it or builds a new one (a collective) has to be the same
+# on every rank, so it depends only on the sequence of constructions and forget_communicator
+# calls, which every rank makes alike, and never on which old ops happen to be alive: garbage
+# collection differs from rank to rank, and while the cache held its communicators weakly an
+# old op kept alive on one rank only (by a traceback, say) made that rank reuse the communicator
+# while its peers built a new one, and the ranks met in different collectives (a review,
+# 2026-12-05). The key holds the group's id(); the entry holds the group itself, so that no
+# other group is made at that address while the entry stands.
+_COMMUNICATORS: "Dict[Tuple[Any, ...], Tuple[Any, Any]]" = {}
 
 
 def _group_id(group: Any) -> int:
@@ -484,19 +487,13 @@ def _group_id(group: Any) -> int:
     return id(group) if group is not None else 0
 
 
-def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
-                  watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
+def _new_communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
+                      watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
     """The collective construction of a TP group's communicator: rank 0 of ``group`` makes the NCCL
     unique id, the group broadcasts it (torch.distributed), every rank builds its communicator.
-    Ops of other options get a communicator of their own (every rank passes the same options, so
-    every rank builds it)."""
+    ``group`` as _group_layout resolves it. Not cached (_communicator caches)."""
     lib = _lib()
     group, tp, rank = _group_layout(group)
-    key = (_group_id(group), device, wait_timeout_ms, watchdog, force_nccl_fallback)
-    entry = _COMMUNICATORS.get(key)
-    comm = entry[0]() if entry is not None else None
-    if comm is not None:
-        return comm
     if tp == 1:
         uid = lib.unique_id()
     else:
@@ -507,14 +504,22 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
         with torch.cuda.device(device):
             dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         uid = box[0]
-    comm = lib.Communicator(uid, rank, tp, device, wait_timeout_ms=wait_timeout_ms,
+    return lib.Communicator(uid, rank, tp, device, wait_timeout_ms=wait_timeout_ms,
                             watchdog=watchdog, force_nccl_fallback=force_nccl_fallback)
-    def forget(ref: "weakref.ref[Any]", key: Tuple[Any, ...] = key) -> None:
-        entry = _COMMUNICATORS.get(key)
-        if entry is not None and entry[0] is ref:
-            del _COMMUNICATORS[key]
 
-    _COMMUNICATORS[key] = (weakref.ref(comm, forget), group)
+
+def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
+                  watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
+    """The group's communicator for these options: the cached one (_COMMUNICATORS), else a new
+    one (_new_communicator: collective), kept. Ops of other options get a communicator of their
+    own (every rank passes the same options, so every rank builds it)."""
+    group, _, _ = _group_layout(group)
+    key = (_group_id(group), device, wait_timeout_ms, watchdog, force_nccl_fallback)
+    entry = _COMMUNICATORS.get(key)
+    if entry is not None:
+        return entry[0]
+    comm = _new_communicator(group, device, wait_timeout_ms, watchdog, force_nccl_fallback)
+    _COMMUNICATORS[key] = (comm, group)
     return comm
 
 
@@ -524,12 +529,15 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     again", the recovery after an error that made the group's communicator unusable
     (``PeerTimeoutError``, ``DivergenceError``, a failed launch; ``UnusableError`` after it).
 
-    Ops share one communicator per (group, device, options) while any of them lives, so without
-    this a new op finds the unusable one again wherever a reference to an old op remains (a
-    traceback, a module attribute not yet rebound) and raises ``UnusableError``. Building the new
-    communicator is collective, as the first was: every rank of the group calls this (with the
-    same arguments), then builds its ops again. The old ops keep the old communicator and raise
-    ``UnusableError`` if called; drop them (its memory goes with the last of them).
+    Ops share one communicator per (group, device, options), kept from the first op built with
+    them until this is called, so without this a new op finds the unusable one again and raises
+    ``UnusableError``. (It is kept rather than dropped with the last op: whether an op finds it
+    or builds a new one, a collective, then depends only on the calls every rank makes alike,
+    not on which old ops a rank's garbage collection left alive.) Building the new communicator
+    is collective, as the first was: every rank of the group calls this (with the same
+    arguments), then builds its ops again. The old ops keep the old communicator and raise
+    ``UnusableError`` if called; drop them (its memory goes with the last of them). A healthy
+    communicator may be forgotten too (its memory goes once its ops are gone), on every rank.
 
     Args:
         group: the TP group, as the ops' ``group`` (None: the same default).
@@ -543,7 +551,7 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     index = None if device is None else _device_index(device)
     gid = _group_id(group)
     forgotten = 0
-    for key in list(_COMMUNICATORS):  # a copy: another thread's op, or a weakref callback, may change it
+    for key in list(_COMMUNICATORS):  # a copy: another thread's op may change it
         if key[0] == gid and (index is None or key[1] == index):
             forgotten += _COMMUNICATORS.pop(key, None) is not None
     return forgotten
@@ -662,11 +670,14 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
         except Error:
             _note_rejected_while_compiled(op, comm)
             raise
-    before = comm.rejected_calls
+    # Neither count moved: the call raised before it reached the C++ op's launch, which counted
+    # nothing (an interrupt after the launch, KeyboardInterrupt included, moved launched_calls:
+    # that call went out and pairs with its peers', so it is not counted as rejected).
+    before = (comm.rejected_calls, comm.launched_calls)
     try:
         return fn(*args, **kwargs)
     except BaseException:
-        if comm.rejected_calls == before:
+        if (comm.rejected_calls, comm.launched_calls) == before:
             comm.note_rejected_call(_rejection_stream(op))
         raise
 

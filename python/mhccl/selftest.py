@@ -25,7 +25,11 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
         print_cases: bool = True) -> Tuple[bool, str, str]:
     """Runs the self-test over ``group`` (as ``AllReduceMHC``'s ``group=``: None is the engine's
     TP group, else torch.distributed's world group, else TP=1) on ``device`` (default: this
-    rank's ``LOCAL_RANK``, else 0). Collective: every rank of the group calls it alike.
+    rank's ``LOCAL_RANK``, else 0). Collective: every rank of the group calls it alike. In an
+    engine, pass the worker's ``device`` and the model's shape (``hidden_size``, ``hc_mult``,
+    ``top_k``): the defaults are DSV4.1's and ``LOCAL_RANK``'s. It builds a communicator of its
+    own (collective) and drops it at the end, so that a timeout or divergence inside the test
+    leaves the communicator the engine's ops share untouched.
 
     Returns:
         (ok, report, first_failure): whether every case passed, one line a case and the verdict,
@@ -40,9 +44,12 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     lib = _api._lib()
     if device is None:
         device = int(os.environ.get("LOCAL_RANK", "0"))
-    comm = _api._communicator(group, _api._device_index(device))
-    ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []),
-                                      [int(m) for m in (ms or [])], tuning_file, print_cases)
+    comm = _api._new_communicator(group, _api._device_index(device))
+    try:
+        ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []),
+                                          [int(m) for m in (ms or [])], tuning_file, print_cases)
+    finally:
+        del comm  # its own, not cached: destroyed here (after its ops, which the test made and dropped)
     return bool(ok), str(report), str(first)
 
 

@@ -76,6 +76,18 @@ struct Views {
   }
 };
 
+// An op's call without the interpreter's lock: the NCCL fallback's call waits on the host for its
+// operations to be enqueued (up to the budget where NCCL must wait for peers), and ranks run as
+// threads of one process would otherwise wait for one another's lock until that budget
+// expired. The views hold no Python object; the call's C++ side serializes the calls of a
+// communicator (Communicator::Impl::call_mutex). Its exceptions are translated once the lock is
+// taken again.
+template <class Call>
+void released_call(Call&& call) {
+  nb::gil_scoped_release release;
+  call();
+}
+
 mhccl::Protocol parse_protocol(const std::string& p) {
   if (p == "auto") return mhccl::Protocol::kAuto;
   if (p == "one-shot") return mhccl::Protocol::kOneShot;
@@ -252,6 +264,7 @@ NB_MODULE(_mhccl, m) {
       .def_prop_ro("usable", &mhccl::Communicator::usable)
       .def("check_errors", &mhccl::Communicator::check_errors)
       .def_prop_ro("rejected_calls", &mhccl::Communicator::rejected_calls)
+      .def_prop_ro("launched_calls", &mhccl::Communicator::launched_calls)
       // The stream the rejected call was made on (the count advances in stream order on it).
       .def("note_rejected_call",
            [](mhccl::Communicator& c, uintptr_t stream) { c.note_rejected_call(as_stream(stream)); },
@@ -290,7 +303,7 @@ NB_MODULE(_mhccl, m) {
              a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
                                    layer_input, values, scales, fp8_values, fp8_scales);
              a.protocol = parse_protocol(protocol);
-             op.call(a, as_stream(stream));
+             released_call([&] { op.call(a, as_stream(stream)); });
            },
            nb::arg("x"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"), nb::arg("pre").none(),
            nb::arg("norm_weight").none(), nb::arg("eps"), nb::arg("residual_out"),
@@ -313,7 +326,7 @@ NB_MODULE(_mhccl, m) {
              a.epilogue = epilogue(v, residual, post, comb, pre, norm_weight, eps, residual_out,
                                    layer_input, values, scales, fp8_values, fp8_scales);
              a.protocol = parse_protocol(protocol);
-             op.finalize(a, as_stream(stream));
+             released_call([&] { op.finalize(a, as_stream(stream)); });
            },
            nb::arg("gemm2_permuted"), nb::arg("expert_weights"), nb::arg("expanded_idx_to_permuted_idx"),
            nb::arg("shared_output"), nb::arg("residual"), nb::arg("post"), nb::arg("comb"),
@@ -337,7 +350,8 @@ NB_MODULE(_mhccl, m) {
            }, nb::arg("comm"), nb::arg("rank_capacity_bytes"), nb::keep_alive<1, 2>())
       .def("accepts", [](const mhccl::LamportAllGather& op, const Array& t) { return op.accepts(*View(t).get()); })
       .def("call", [](mhccl::LamportAllGather& op, const Array& in, const Array& out, uintptr_t stream) {
-             op.call(*View(in).get(), *View(out).get(), as_stream(stream));
+             const View vin(in), vout(out);
+             released_call([&] { op.call(*vin.get(), *vout.get(), as_stream(stream)); });
            }, nb::arg("inp"), nb::arg("out"), nb::arg("stream"))
       .def_prop_ro("rank_capacity_bytes", &mhccl::LamportAllGather::rank_capacity_bytes)
       .def_prop_ro("mailbox_bytes", &mhccl::LamportAllGather::mailbox_bytes);

@@ -225,8 +225,8 @@ def test_ops_without_a_gpu_raise_no_device_error():
 
 
 def test_communicator_is_weak_referenceable():
-    # _api keeps a weak reference to each communicator of its cache (an entry per group, device
-    # and options; _api._COMMUNICATORS).
+    # A caller (an engine's registry, a test) may hold one weakly; _api's cache holds them
+    # strongly (_api._COMMUNICATORS: kept until forget_communicator).
     assert _api._lib().Communicator.__weakrefoffset__ != 0
 
 
@@ -282,6 +282,7 @@ class _CountingComm:
 
     def __init__(self):
         self.rejected_calls = 0
+        self.launched_calls = 0
         self.streams = []
 
     def note_rejected_call(self, stream):
@@ -317,3 +318,21 @@ def test_rejected_calls_are_counted_once_on_the_communicator():
     assert op._comm.rejected_calls == 4
     # Counted on a stream (an op without a device: the legacy default stream, 0).
     assert op._comm.streams == [0, 0, 0, 0]
+    # An exception after the call went out (an interrupt once the C++ call returned:
+    # launched_calls moved) is not a rejection: that call pairs with its peers'.
+
+    def launched_then_interrupted():
+        op._comm.launched_calls += 1
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _api._counting_rejections(op, launched_then_interrupted)
+    assert op._comm.rejected_calls == 4
+    # An interrupt before the launch is counted, as any exception there.
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _api._counting_rejections(op, interrupted)
+    assert op._comm.rejected_calls == 5

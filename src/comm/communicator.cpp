@@ -248,14 +248,13 @@ ErrorCode fault_code(uint32_t word) {
 }  // namespace
 
 Communicator::Impl::~Impl() {
-  if (watchdog.joinable()) {
-    watchdog_stop = true;
-    watchdog.join();
-  }
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
   free_window(fault_window);  // before the NCCL communicator goes (its window is registered there)
+  // The watchdog after that: the window's free may synchronize the device behind a fallback
+  // operation stuck on a dead peer, which only the watchdog's abort ends (watch_teardown).
+  stop_watchdog();
   // After a peer timeout the peers may be dead and kernels (an NCCL collective of this
   // communicator) may wait for them: abort first, which waits for nobody and stops NCCL's
   // kernels, before anything that synchronizes the device. A healthy communicator is finalized
@@ -416,6 +415,33 @@ bool Communicator::Impl::watch_fallback() {
   return true;
 }
 
+void Communicator::Impl::start_watchdog() {
+  if (watchdog.joinable()) return;
+  // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
+  const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
+  watchdog = std::thread([this, every] {
+    while (!watchdog_stop) {
+      std::this_thread::sleep_for(every);
+      std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+      if (watch_fallback()) break;
+    }
+  });
+}
+
+void Communicator::Impl::watch_teardown() noexcept {
+  if (fallback_progress == nullptr || fallback_progress[0] == 0 || watchdog_tripped) return;  // no fallback call yet
+  try {
+    start_watchdog();
+  } catch (...) {  // no thread to be had: the synchronization is unbounded, as it was before
+  }
+}
+
+void Communicator::Impl::stop_watchdog() noexcept {
+  if (!watchdog.joinable()) return;
+  watchdog_stop = true;
+  watchdog.join();
+}
+
 void Communicator::Impl::check_fallback() {
   if (!watchdog_tripped && fallback_progress != nullptr && fallback_progress[0] != 0) {
     std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
@@ -428,24 +454,39 @@ void Communicator::Impl::require_nccl(const std::string& what) const {
   if (comm == nullptr) throw Error(ErrorCode::kUnusable, what + ": the NCCL communicator was aborted");
 }
 
-void Communicator::Impl::apart_after_launch(const char* what, std::exception_ptr failure) {
-  if (tp <= 1 || unusable) return;
-  std::string why = "an exception of unknown type";
-  ErrorContext context;
+namespace {
+// What a failure of any type says (an Error's message and context, a std::exception's message).
+std::string failure_text(std::exception_ptr failure, ErrorContext& context) {
   try {
     std::rethrow_exception(failure);
   } catch (const Error& e) {
-    why = e.what();
     context = e.context();
+    return e.what();
   } catch (const std::exception& e) {
-    why = e.what();
+    return e.what();
   } catch (...) {
   }
+  return "an exception of unknown type";
+}
+}  // namespace
+
+void Communicator::Impl::apart_after_launch(const char* what, std::exception_ptr failure) {
+  if (tp <= 1 || unusable) return;
+  const std::string why = failure_text(failure, unusable_context);
   unusable = true;
-  unusable_context = context;
   unusable_reason = std::string(what) + " on rank " + std::to_string(rank) + " failed after its first launch (" + why +
                     "): this rank's protocol state is apart from its peers'; destroy the communicator and its ops and "
                     "build them again";
+}
+
+void Communicator::Impl::apart_after_agreement(const char* what, std::exception_ptr failure) {
+  if (unusable) return;
+  const std::string why = failure_text(failure, unusable_context);
+  unusable = true;
+  unusable_reason = std::string(what) + " construction on rank " + std::to_string(rank) +
+                    " failed after the configuration agreement (" + why +
+                    "); its peers raise kPeerTimeout in the collective it left. Destroy the communicator and its ops "
+                    "and build them again";
 }
 
 void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,
@@ -463,17 +504,7 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
   // The watchdog's thread first: its start can fail (std::system_error), and a failure before the
   // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
   // then differ by), not half made.
-  if (options.watchdog && !watchdog.joinable()) {
-    // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
-    const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
-    watchdog = std::thread([this, every] {
-      while (!watchdog_stop) {
-        std::this_thread::sleep_for(every);
-        std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
-        if (watch_fallback()) break;
-      }
-    });
-  }
+  if (options.watchdog) start_watchdog();
   MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
   launched = true;
   char* slots = static_cast<char*>(ids);
@@ -492,6 +523,7 @@ void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
     for (void* p : ptrs) if (p) orphaned_device.push_back(p);
     return;
   }
+  watch_teardown();  // the synchronization below may wait behind a fallback operation
   detail::release_device_memory(device, ptrs);
 }
 
@@ -503,22 +535,48 @@ bool Communicator::Impl::peer_failed() {
   return read_fault_word() != 0;
 }
 
-uint32_t Communicator::Impl::read_fault_word() {
+uint32_t Communicator::Impl::read_fault_word(cudaError_t* copy_error) {
+  if (copy_error) *copy_error = cudaSuccess;
   if (fault_window.ptr == nullptr || fault_window.plain) return 0;  // no peer stores into it
   uint32_t word = 0;
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device);
-  // A copy on the setup stream (non-blocking: it waits for no kernel of another stream). A copy
-  // that fails leaves the word unknown: taken as set, so teardown waits for no peer.
-  if (cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream) != cudaSuccess ||
-      cudaStreamSynchronize(setup_stream) != cudaSuccess) {
-    cudaGetLastError();
+  // A copy on the setup stream (non-blocking: it waits for no kernel of another stream), in the
+  // relaxed capture mode: a synchronous copy is an unsafe call while a graph is captured in the
+  // global mode (torch.cuda.graph's default), which would refuse it and invalidate that capture;
+  // this copy is no part of any graph. A copy that fails leaves the word unknown: taken as set,
+  // so teardown waits for no peer.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  cudaError_t st = cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream);
+  if (st == cudaSuccess) st = cudaStreamSynchronize(setup_stream);
+  if (exchanged) cudaThreadExchangeStreamCaptureMode(&mode);
+  if (st != cudaSuccess) {
+    cudaGetLastError();  // this failure's own error (a sticky one stays)
     word = kernels::fault_word(rank, rank);
+    if (copy_error) *copy_error = st;
   }
   if (prev >= 0) cudaSetDevice(prev);
   if (word != 0) fault_seen = true;
   return word;
+}
+
+void Communicator::Impl::check_fault_word(const char* what) {
+  cudaError_t copy_error = cudaSuccess;
+  const uint32_t word = read_fault_word(&copy_error);
+  if (copy_error != cudaSuccess) {
+    fail(ErrorCode::kCuda,
+         std::string(what) + " on rank " + std::to_string(rank) + ": reading this rank's fault word failed (" +
+             cudaGetErrorName(copy_error) + ": " + cudaGetErrorString(copy_error) +
+             "), so whether a peer gave up a wait or found a divergence is unknown. The communicator is unusable: "
+             "destroy it and its ops and build them again",
+         ErrorContext{-1, -1, what});
+  }
+  if (word != 0) {
+    fail(fault_code(word), fault_message(rank, what, word, options.wait_timeout_ms),
+         ErrorContext{kernels::fault_timed_out_rank(word), -1, what});
+  }
 }
 
 kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
@@ -543,11 +601,7 @@ void Communicator::Impl::fail(ErrorCode code, const std::string& message, ErrorC
 
 void Communicator::Impl::check_for_construction(const char* what) {
   check();
-  const uint32_t word = read_fault_word();
-  if (word != 0) {
-    fail(fault_code(word), fault_message(rank, what, word, options.wait_timeout_ms),
-         ErrorContext{kernels::fault_timed_out_rank(word), -1, what});
-  }
+  check_fault_word(what);
 }
 
 void Communicator::Impl::require_device_memory(const std::string& what, uint64_t bytes, const char* lower) const {
@@ -576,11 +630,7 @@ void Communicator::Impl::check(bool report_routes) {
     if (!report_routes) return;  // route reports are left for check_errors()
     // A fault another rank raised that no kernel of this rank has seen yet (this rank idle, or
     // its kernels still queued): read this rank's fault word itself.
-    const uint32_t word = read_fault_word();
-    if (word != 0) {
-      fail(fault_code(word), fault_message(rank, "Communicator", word, options.wait_timeout_ms),
-           ErrorContext{kernels::fault_timed_out_rank(word), -1, "Communicator"});
-    }
+    check_fault_word("Communicator");
     r = record + kernels::kRouteRecord;
     if (r->ready != r->epoch + 1) return;
   }
@@ -891,7 +941,10 @@ ncclComm_t Communicator::nccl() const { return impl_->comm; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options; }
 bool Communicator::peers_reachable() const { return impl_->reachable; }
 void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
-void Communicator::note_rejected_call(cudaStream_t stream) { impl_->count_rejected(stream); }
+void Communicator::note_rejected_call(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(impl_->call_mutex);
+  impl_->count_rejected(stream);
+}
 
 void Communicator::Impl::count_rejected(cudaStream_t stream) noexcept {
   ++rejected;
@@ -921,6 +974,7 @@ void Communicator::Impl::count_rejected(cudaStream_t stream) noexcept {
 }
 
 uint32_t Communicator::rejected_calls() const { return impl_->rejected; }
+uint32_t Communicator::launched_calls() const { return impl_->launched; }
 bool Communicator::usable() const { return !impl_->unusable; }
 
 // --- Symmetric buffers ------------------------------------------------------------------------
@@ -976,6 +1030,7 @@ void Communicator::Impl::free_window(Window& w) {
   } else if (peer_failed()) {
     orphan();  // nothing here may wait: no device synchronization, no deregistration (it may wait for a dead peer)
   } else {
+    watch_teardown();
     cudaDeviceSynchronize();  // not under nccl_mutex: the watchdog may need it to end a stuck NCCL kernel
     // The NCCL communicator under nccl_mutex from here: the watchdog's thread may have aborted
     // it meanwhile (its abort ends the kernels the synchronization waited for), so the failure

@@ -100,6 +100,16 @@ struct Communicator::Impl {
   // Throws kPeerTimeout (after aborting) when the watchdog found a fallback operation stuck.
   void check_fallback();
   bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread
+  // The watchdog's thread, started once (by the first fallback call where options.watchdog):
+  // every tenth of the budget (10 ms to 1 s) it takes one look (watch_fallback). Throws
+  // std::system_error where no thread can be had.
+  void start_watchdog();
+  // Before a teardown's device synchronization (an op's buffers, a window): where the fallback
+  // ran, the watchdog's thread even with options.watchdog off, so that a synchronization behind a
+  // fallback operation stuck on a dead peer ends within the budget (the abort ends it) rather
+  // than never (SPEC: teardown never waits on a dead peer without end). Never throws.
+  void watch_teardown() noexcept;
+  void stop_watchdog() noexcept;
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
@@ -114,7 +124,16 @@ struct Communicator::Impl {
   // device copy (rejected_word(), advanced in stream order by count_rejected), so that a CUDA
   // graph's replay carries the count of its time; this one is the host's view of it.
   uint32_t rejected = 0;
-  // This rank's fault word was seen set (read_fault_word): teardown then waits for no peer.
+  // Calls of this communicator's ops that went out on this rank so far (their first launch
+  // made, whether they then completed or failed): with `rejected`, how a binding tells a call
+  // that reached its launch from one rejected before it (launched_calls()).
+  uint32_t launched = 0;
+  // Op calls of this communicator one at a time (guarded_call, note_rejected_call): a binding
+  // may call them without its interpreter's lock. The ranks' sequences of calls must still
+  // agree, so calling ops of one communicator from several threads is the caller's to order.
+  std::mutex call_mutex;
+  // This rank's fault word was seen set, or could not be read (read_fault_word): teardown then
+  // waits for no peer.
   bool fault_seen = false;
   // One allocation on every rank with every rank's address of it: an NCCL window (TP > 1,
   // shared), or plain device memory of this rank only (`peers` then holds just it).
@@ -165,9 +184,17 @@ struct Communicator::Impl {
   // this rank's fault word): teardown must not wait for the peers (no window deregistration,
   // ncclCommAbort instead of ncclCommDestroy). Reads the fault word (a copy) until it is seen set.
   bool peer_failed();
-  // This rank's fault word, read now (a small copy on the setup stream; 0 without a shared
-  // fault window). Construction time, teardown and check_errors() only.
-  uint32_t read_fault_word();
+  // This rank's fault word, read now (a small copy on the setup stream, made in the relaxed
+  // stream-capture mode so that a CUDA graph another stream or thread is capturing neither
+  // forbids it nor is invalidated by it; 0 without a shared fault window). Construction time,
+  // teardown and check_errors() only. A copy that fails (`*copy_error`, where given, gets the
+  // CUDA error) leaves the word unknown: it is taken as set (teardown then waits for no peer),
+  // and the callers that report (check_fault_word) raise kCuda naming the failure, not a fault.
+  uint32_t read_fault_word(cudaError_t* copy_error = nullptr);
+  // Raises the fault this rank's fault word holds (kPeerTimeout or kDivergence, naming the ranks;
+  // `what`: the call that looked), or kCuda where it could not be read; either leaves the
+  // communicator unusable.
+  void check_fault_word(const char* what);
   // Makes the communicator unusable, naming why, and throws Error(code, message).
   [[noreturn]] void fail(ErrorCode code, const std::string& message, ErrorContext context = {});
   // What every op construction does first: check() and this rank's fault word (a fault another
@@ -189,19 +216,30 @@ struct Communicator::Impl {
   // from its peers').
   template <class Body>
   void guarded_call(const char* what, cudaStream_t stream, Body&& body) {
-    bool launched = false;
+    std::lock_guard<std::mutex> lock(call_mutex);
+    bool went_out = false;
     try {
-      body(launched);
+      body(went_out);
     } catch (...) {  // ours or not (std::bad_alloc, std::system_error): the same rules
-      if (!launched) count_rejected(stream);
-      else apart_after_launch(what, std::current_exception());
+      if (!went_out) {
+        count_rejected(stream);
+      } else {
+        ++launched;
+        apart_after_launch(what, std::current_exception());
+      }
       throw;
     }
+    ++launched;
   }
   // A call that failed (`failure`, of any type) after its first launch: at TP > 1 this rank's
   // protocol state or NCCL sequence is apart from its peers' (its call went out in part), so the
   // communicator becomes unusable, naming `what` and the failure (an Error's context kept).
   void apart_after_launch(const char* what, std::exception_ptr failure);
+  // An op's construction that failed on this rank (`failure`, of any type) after its
+  // configuration agreement: its peers go on into collectives it left (they raise kPeerTimeout
+  // within the budget), so this rank's communicator becomes unusable too, naming `what` and the
+  // failure (an Error's context kept). A failure of the agreement itself is left as it stands.
+  void apart_after_agreement(const char* what, std::exception_ptr failure);
   // Frees device memory of an op or buffer built on this communicator: at once (after a device
   // synchronization) normally; after a peer failure only after the abort, at destruction (a
   // synchronization could wait for an NCCL kernel stuck on the dead peer).

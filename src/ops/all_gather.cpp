@@ -57,7 +57,7 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
     // Benchmark sweeps only; must be the same on every rank (it sets the launch shape).
     long long v = 0;
     if (detail::env_int("MHCCL_ALLGATHER_PACKS_PER_CTA", 0, 1 << 20, &v)) im.packs_per_cta = static_cast<int>(v);
-  } catch (const Error&) {
+  } catch (...) {  // ours or not (std::bad_alloc): every rank learns of it at the agreement
     local_error = std::current_exception();
   }
   im.comm->agree("LamportAllGather",
@@ -79,13 +79,8 @@ LamportAllGather::LamportAllGather(Communicator& comm, int64_t rank_capacity_byt
       im.comm->setup_wait("LamportAllGather construction");
     }
     MHCCL_CUDA(cudaMalloc(&im.staging, static_cast<size_t>(rank_capacity_bytes)));
-  } catch (const Error& e) {
-    if (!im.comm->unusable) {
-      im.comm->unusable = true;
-      im.comm->unusable_context = e.context();
-      im.comm->unusable_reason = std::string("LamportAllGather construction on rank ") + std::to_string(im.comm->rank) +
-                                 " failed after the configuration agreement (" + e.what() + ")";
-    }
+  } catch (...) {
+    im.comm->apart_after_agreement("LamportAllGather", std::current_exception());
     throw;
   }
   if (detail::debug_info()) {

@@ -563,7 +563,7 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
     MHCCL_CUDA(kernels::preload_all_gather_kernels());  // the fill and count kernels among them
     c.require_device_memory("AllReduceMHC with max_num_tokens " + std::to_string(im.cfg.max_num_tokens),
                             im.buffers(c).bytes, "lower max_num_tokens, or free device memory before building the op");
-  } catch (const Error&) {
+  } catch (...) {  // ours or not (std::bad_alloc): every rank learns of it at the agreement
     local_error = std::current_exception();
   }
   // Every field of the configuration, the resolved thresholds and launch shapes among them
@@ -576,15 +576,8 @@ AllReduceMHC::AllReduceMHC(Communicator& comm, const AllReduceMHCConfig& config)
   // from then on, so it becomes unusable too.
   try {
     im.build(comm);
-  } catch (const Error& e) {
-    if (!c.unusable) {
-      c.unusable = true;
-      c.unusable_context = e.context();
-      c.unusable_reason = std::string("AllReduceMHC construction on rank ") + std::to_string(c.rank) +
-                          " failed after the configuration agreement (" + e.what() +
-                          "); its peers raise kPeerTimeout in the collective it left. Destroy the communicator and "
-                          "its ops and build them again";
-    }
+  } catch (...) {
+    c.apart_after_agreement("AllReduceMHC", std::current_exception());
     throw;
   }
   if (detail::debug_info()) {

@@ -9,6 +9,8 @@
 #include <set>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "mhccl/error.h"
@@ -277,6 +279,25 @@ Table parse_table(const std::string& text, const std::string& path) {
 }
 
 Table load_table(const std::string& path) {
+  const std::string where = "AllReduceMHCConfig::tuning_file or MHCCL_TUNING_FILE";
+  if (path.find('\0') != std::string::npos) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "tuning table: the path holds a NUL character (" + where + "; it would name another file)");
+  }
+  // A regular file of at most kMaxTableBytes, checked before it is opened: opening a FIFO for
+  // reading waits for a writer without end, and a device (/dev/zero) never ends (a review,
+  // 2026-12-05). A table is a few KiB.
+  constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
+  struct stat st {};
+  errno = 0;
+  if (::stat(path.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > kMaxTableBytes)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "tuning table " + path + ": " +
+                    (S_ISREG(st.st_mode) ? "larger than " + std::to_string(kMaxTableBytes >> 20) + " MiB (" +
+                                               std::to_string(static_cast<int64_t>(st.st_size)) + " bytes)"
+                                         : std::string("not a regular file")) +
+                    " (" + where + "; a table mhccl-tune writes is a few KiB)");
+  }
   // stdio, not iostreams (src/common/text.h says why).
   errno = 0;
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -291,8 +312,8 @@ Table load_table(const std::string& path) {
     std::fclose(f);
   }
   if (!read) {
-    throw Error(ErrorCode::kInvalidArgument, "tuning table " + path + ": cannot be read (" + std::strerror(why) +
-                                                 "; AllReduceMHCConfig::tuning_file or MHCCL_TUNING_FILE)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "tuning table " + path + ": cannot be read (" + std::strerror(why) + "; " + where + ")");
   }
   return parse_table(text, path);
 }

@@ -250,14 +250,17 @@ TEST_F(ErrorRecords, RejectedCallsCountAndFailuresAfterALaunchAreFatal) {
   }
   EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool&) { throw std::bad_alloc(); }), std::bad_alloc);
   EXPECT_EQ(im.rejected, 4u);
+  EXPECT_EQ(im.launched, 0u);  // none of them went out
   im.guarded_call("AllReduceMHC.call", nullptr, [](bool& launched) { launched = true; });  // a call that went through
   EXPECT_EQ(im.rejected, 4u);
+  EXPECT_EQ(im.launched, 1u);
   EXPECT_THROW(im.guarded_call("AllReduceMHC.call", nullptr, [](bool& launched) {
                  launched = true;
                  throw Error(ErrorCode::kCuda, "launch of the consumer failed");
                }),
                Error);
   EXPECT_EQ(im.rejected, 4u);
+  EXPECT_EQ(im.launched, 2u);  // it went out: a binding that sees its exception counts no rejection
   EXPECT_TRUE(im.unusable);
   EXPECT_NE(im.unusable_reason.find("after its first launch"), std::string::npos) << im.unusable_reason;
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
@@ -292,6 +295,40 @@ TEST_F(ErrorRecords, ExceptionOfUnknownTypeAfterALaunchIsFatal) {
   EXPECT_EQ(im.rejected, 0u);
   EXPECT_TRUE(im.unusable);
   EXPECT_NE(im.unusable_reason.find("unknown type"), std::string::npos) << im.unusable_reason;
+}
+
+// A fault word that cannot be read (here: no device, so the copy fails; on a GPU a sticky CUDA
+// error) is a CUDA error naming the failure, not a fault (a review, 2026-12-05: it read as this
+// rank's timeout of itself, "rank 0 waited for rank 0"); the word is unknown, so teardown waits
+// for no peer.
+TEST_F(ErrorRecords, AFaultWordThatCannotBeReadIsACudaErrorNotAPeerTimeout) {
+  uint32_t word[2] = {0, 0};  // host memory: the device-to-host copy of it fails without a device
+  im.fault_window.ptr = word;
+  im.fault_window.plain = false;
+  im.fault_window.peers = {word, word};
+  const std::optional<Error> e = thrown_by_check(true);
+  ASSERT_TRUE(e.has_value()) << "an unknown fault word reported nothing";
+  EXPECT_EQ(e->code(), ErrorCode::kCuda) << e->what();
+  EXPECT_NE(std::string(e->what()).find("reading this rank's fault word failed ("), std::string::npos) << e->what();
+  EXPECT_EQ(std::string(e->what()).find("waited for rank 0"), std::string::npos) << e->what();
+  EXPECT_TRUE(im.unusable);
+  EXPECT_TRUE(im.peer_failed());  // teardown waits for no peer
+  im.fault_window = {};
+}
+
+// An op construction that fails after its agreement, with an exception of any type, leaves the
+// communicator unusable naming it (a review, 2026-12-05: a std::bad_alloc there left it usable
+// while its peers went on into the collective it left).
+TEST_F(ErrorRecords, AFailureAfterTheAgreementOfAnyTypeIsFatal) {
+  im.apart_after_agreement("AllReduceMHC", std::make_exception_ptr(std::bad_alloc()));
+  EXPECT_TRUE(im.unusable);
+  EXPECT_NE(im.unusable_reason.find("AllReduceMHC construction on rank 0 failed after the configuration agreement ("),
+            std::string::npos)
+      << im.unusable_reason;
+  EXPECT_NE(im.unusable_reason.find("bad_alloc"), std::string::npos) << im.unusable_reason;
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+  im.apart_after_agreement("LamportAllGather", std::make_exception_ptr(7));  // the first reason stays
+  EXPECT_EQ(im.unusable_reason.find("LamportAllGather"), std::string::npos) << im.unusable_reason;
 }
 
 TEST(FaultWord, EncodesTheRaisingRankThePeerAndTheKind) {

@@ -4,13 +4,16 @@
 // and the launch-shape variables over the table), and the configuration agreement of the
 // table-derived fields over 2-8 modelled ranks.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "comm/communicator_impl.h"
 #include "mhccl/error.h"
@@ -264,7 +267,33 @@ TEST(TuningParse, UnreadableFileNamesIt) {
             std::string::npos) << msg;
   const auto [dcode, dmsg] = error_of([] { tuning::load_table(::testing::TempDir()); });
   EXPECT_EQ(dcode, ErrorCode::kInvalidArgument);
-  EXPECT_NE(dmsg.find("cannot be read (Is a directory"), std::string::npos) << dmsg;
+  EXPECT_NE(dmsg.find(": not a regular file ("), std::string::npos) << dmsg;
+}
+
+// What is not a regular file is refused before it is opened (a review, 2026-12-05): opening a
+// FIFO for reading waited for a writer without end, /dev/zero grew the text until memory ran
+// out; a path with a NUL named another file (the C string ends there).
+TEST(TuningParse, OnlyARegularFileOfAFewMiBIsRead) {
+  const std::string fifo = ::testing::TempDir() + "/mhccl-tuning-fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    const auto [code, msg] = error_of([&] { tuning::load_table(path); });
+    EXPECT_EQ(code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(msg.find("tuning table " + path + ": not a regular file"), std::string::npos) << msg;
+  }
+  std::remove(fifo.c_str());
+  const std::string big = ::testing::TempDir() + "/mhccl-tuning-big.json";
+  {
+    std::ofstream out(big);
+    out << std::string((16 << 20) + 1, ' ');
+  }
+  const auto [bcode, bmsg] = error_of([&] { tuning::load_table(big); });
+  EXPECT_NE(bmsg.find("larger than 16 MiB (16777217 bytes)"), std::string::npos) << bmsg;
+  std::remove(big.c_str());
+  const auto [ncode, nmsg] = error_of([] { tuning::load_table(std::string("/tmp/a.json\0.json", 17)); });
+  EXPECT_EQ(ncode, ErrorCode::kInvalidArgument);
+  EXPECT_NE(nmsg.find("the path holds a NUL character"), std::string::npos) << nmsg;
 }
 
 TEST(TuningParse, LoadsAFile) {

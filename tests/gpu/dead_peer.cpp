@@ -6,7 +6,10 @@
 // for the dead peer, and exit 0. Modes (argv[1]): lamport (default: the Lamport paths), fallback
 // (force_nccl_fallback: NCCL's wait, bounded by the watchdog, PROTOCOL.md I20), fallback-graph
 // (the same, the survivor replaying a CUDA graph of calls captured before the death: no host
-// call of the library runs while it is stuck).
+// call of the library runs while it is stuck), fallback-teardown (the fallback with the watchdog
+// off: the survivor makes one call after the death, which NCCL holds, and destroys its op and
+// communicator at once; their device synchronizations must end within the budget, which the
+// watchdog's thread, started for teardown, brings about: PROTOCOL.md I20).
 //
 // Prints "dead peer: PASS ..." or "dead peer: FAIL ..." (ctest matches those lines; the
 // launcher's own exit code is the dead rank's 137).
@@ -35,9 +38,10 @@ int fail(int rank, const std::string& why) {
 }
 
 int run(const std::string& mode) {
-  const bool fallback = mode != "lamport", graph = mode == "fallback-graph";
-  if (mode != "lamport" && mode != "fallback" && mode != "fallback-graph") {
-    std::printf("dead peer: FAIL: unknown mode '%s' (lamport, fallback, fallback-graph)\n", mode.c_str());
+  const bool fallback = mode != "lamport", graph = mode == "fallback-graph", teardown_only = mode == "fallback-teardown";
+  if (mode != "lamport" && mode != "fallback" && mode != "fallback-graph" && mode != "fallback-teardown") {
+    std::printf("dead peer: FAIL: unknown mode '%s' (lamport, fallback, fallback-graph, fallback-teardown)\n",
+                mode.c_str());
     return 2;
   }
   const detail::DeviceCount devices = detail::cuda_device_count();
@@ -60,6 +64,7 @@ int run(const std::string& mode) {
   CommunicatorOptions o;
   o.wait_timeout_ms = kBudgetMs;
   o.force_nccl_fallback = fallback;
+  o.watchdog = !teardown_only;
   auto comm = std::make_unique<Communicator>(share_unique_id(ranks), rank, tp, device, o);
   if (!fallback && !comm->peers_reachable()) {
     std::printf("dead peer: SKIPPED: peers not load/store reachable (no Lamport waits)\n");
@@ -102,6 +107,26 @@ int run(const std::string& mode) {
     std::printf("rank %d: 20 calls checked; dying now (SIGKILL)\n", rank);
     std::fflush(stdout);
     std::raise(SIGKILL);
+  }
+  if (teardown_only) {
+    // One call the dead peer never joins (NCCL holds it on the GPU), then teardown at once: the
+    // op's and the communicator's synchronizations wait behind it until the watchdog's thread,
+    // which nothing started before (watchdog off), aborts it. The test's own buffers go last
+    // (cudaFree synchronizes the device too, with no budget of the library's).
+    const testing::Problem p = testing::make_problem(91000, 5, 5120, 4, tp, false);
+    testing::upload(p, rank, *bufs);
+    testing::launch(*op, p, testing::Variant::kPlain, Protocol::kAuto, *bufs, device, stream);
+    const auto t1 = Clock::now();
+    op.reset();
+    comm.reset();
+    const double teardown = since(t1);
+    if (teardown > kBudgetMs / 1000.0 + 8.0) return fail(rank, "teardown took " + std::to_string(teardown) + " s");
+    bufs.reset();
+    cudaGetLastError();
+    std::printf("dead peer: PASS (%s) rank %d: op and communicator torn down in %.2f s behind a fallback call "
+                "the dead peer never joined (budget %llu ms, watchdog off)\n",
+                mode.c_str(), rank, teardown, static_cast<unsigned long long>(kBudgetMs));
+    return 0;
   }
   // A survivor: call on until the timeout arrives.
   const auto t0 = Clock::now();

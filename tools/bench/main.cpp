@@ -240,8 +240,10 @@ int main(int argc, char** argv) {
   app.add_flag("--check-only", check_only, "only the checks against the CPU reference");
   app.add_flag("--no-check", no_check, "skip the checks, only time");
   app.add_option("--capacity-bytes", o.ag_capacity, "LamportAllGather capacity per rank (default 1 MiB)");
-  app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20)");
-  app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)");
+  app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)")
+      ->check(CLI::Range(1, 100000));
   bool info = false, nvtx_cost = false;
   app.add_flag("--info", info, "print the environment report (versions, GPUs, P2P matrix, MHCCL_*/NCCL_* variables) and exit");
   app.add_flag("--nvtx-cost", nvtx_cost, "time the host cost of an op call's NVTX range (no GPU needed) and exit");
