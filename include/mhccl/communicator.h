@@ -46,8 +46,11 @@ struct CommunicatorOptions {
   // NCCL communicator when an operation waited past the budget (a dead peer; under CUDA graphs
   // no host call would see it), so that a synchronization stuck behind it returns, and the next
   // call or check_errors() throws kPeerTimeout. Off: only op calls and check_errors() look,
-  // and teardown (an op's or this communicator's destruction after a fallback call) starts the
-  // thread for its own device synchronizations, so that they end within the budget too.
+  // and teardown (an op's or this communicator's destruction after a fallback call) runs the
+  // thread through its own device synchronizations alone, so that they end within the budget
+  // too. Around a caller's ncclComm_t the watchdog cannot abort it (it reports, and the caller
+  // aborts): a synchronization behind a fallback operation stuck on a dead peer, a teardown's
+  // included, ends only once the caller aborts that communicator.
   bool watchdog = true;
   // Use the NCCL fallback path (ncclAllReduce + the same fused consumer) even where every peer
   // is load/store reachable.

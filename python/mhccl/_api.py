@@ -775,7 +775,8 @@ class AllReduceMHC:
             call on, a background thread aborts the NCCL communicator when a fallback operation
             made no progress for the budget, so that a synchronization stuck behind a dead peer
             returns and the next call raises ``PeerTimeoutError``. False: only calls and
-            ``check_errors()`` look. Keep it on where the fallback runs inside CUDA graphs.
+            ``check_errors()`` look (teardown still starts it for its own synchronizations).
+            Keep it on where the fallback runs inside CUDA graphs.
         force_nccl_fallback: take the NCCL fallback (ncclAllReduce + the same fused consumer)
             even where every peer's memory is reachable (default False).
         tuning_file: a tuning table written by ``mhccl-tune`` (docs/TUNING.md): the entry for
@@ -785,8 +786,9 @@ class AllReduceMHC:
             which was used.
 
         Ops built on the same group and device with the same ``wait_timeout_ms``, ``watchdog``
-        and ``force_nccl_fallback`` share one communicator (C++ ``CommunicatorOptions``); other
-        values build another one (collectively: pass the same on every rank).
+        and ``force_nccl_fallback`` share one communicator (C++ ``CommunicatorOptions``), kept
+        until ``mhccl.forget_communicator``; other values build another one (collectively: pass
+        the same on every rank).
 
     Attributes:
         bt_min_rows, bt_min_finalize_rows: as in the reference module, the least M from which a
@@ -1035,7 +1037,8 @@ class AllReduceMHC:
                 next call.
             UnsupportedError: (a ValueError) a variant the op was not built with.
             PeerTimeoutError, DivergenceError: a peer died or hung, or the ranks' calls differ:
-                the group is then unusable; rebuild the ops and their communicator.
+                the group is then unusable; rebuild the ops and their communicator
+                (``mhccl.forget_communicator`` on every rank, then new ops).
             UnusableError: an earlier such error made the group unusable; rebuild.
             CudaError, NcclError: a CUDA or NCCL failure.
         """

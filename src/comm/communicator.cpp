@@ -160,8 +160,11 @@ void report_construction(const Communicator::Impl& im, int lsa) {
       << detail::kernels_for(detail::cuda_architectures(), p.major, p.minor) << "\n";
   }
   t << "NCCL library " << detail::nccl_library_text() << "\n";
-  t << "NCCL communicator: " << (im.owns_comm ? "made by mhccl" : "the caller's")
-    << (im.nonblocking ? ", non-blocking (every wait on it polled within the budget)" : ", blocking") << "\n";
+  t << "NCCL communicator: "
+    << (!im.owns_comm ? "the caller's (its calls polled within the budget where it is non-blocking)"
+        : im.nonblocking ? "made by mhccl, non-blocking (every wait on it polled within the budget)"
+                         : "made by mhccl, blocking (TP=1: no peer to wait for)")
+    << "\n";
   t << "peers load/store reachable: " << (lsa == im.tp ? "yes" : "no") << " (NCCL's LSA team: " << lsa << " of "
     << im.tp << " ranks)" << (im.options.force_nccl_fallback ? ", NCCL fallback forced" : "") << "; ops run "
     << (im.tp == 1 ? "without peers (TP=1)" : im.reachable ? "the Lamport protocols" : "the NCCL fallback (ncclAllReduce / ncclAllGather)")
@@ -420,26 +423,37 @@ void Communicator::Impl::start_watchdog() {
   // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
   const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
   watchdog = std::thread([this, every] {
-    while (!watchdog_stop) {
-      std::this_thread::sleep_for(every);
-      std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
-      if (watch_fallback()) break;
+    std::unique_lock<std::mutex> sleep(watchdog_sleep);
+    while (!watchdog_wake.wait_for(sleep, every, [this] { return watchdog_stop.load(); })) {
+      sleep.unlock();
+      {
+        std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
+        if (watch_fallback()) return;
+      }
+      sleep.lock();
     }
   });
 }
 
-void Communicator::Impl::watch_teardown() noexcept {
-  if (fallback_progress == nullptr || fallback_progress[0] == 0 || watchdog_tripped) return;  // no fallback call yet
+bool Communicator::Impl::watch_teardown() noexcept {
+  if (!fallback_ran || watchdog_tripped || watchdog.joinable()) return false;
   try {
     start_watchdog();
   } catch (...) {  // no thread to be had: the synchronization is unbounded, as it was before
+    return false;
   }
+  return !options.watchdog;
 }
 
 void Communicator::Impl::stop_watchdog() noexcept {
   if (!watchdog.joinable()) return;
-  watchdog_stop = true;
+  {
+    std::lock_guard<std::mutex> sleep(watchdog_sleep);
+    watchdog_stop = true;
+  }
+  watchdog_wake.notify_all();
   watchdog.join();
+  watchdog_stop = false;
 }
 
 void Communicator::Impl::check_fallback() {
@@ -505,6 +519,7 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
   // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
   // then differ by), not half made.
   if (options.watchdog) start_watchdog();
+  fallback_ran = true;  // before the enter kernel: teardown watches from here (watch_teardown)
   MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
   launched = true;
   char* slots = static_cast<char*>(ids);
@@ -523,8 +538,9 @@ void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
     for (void* p : ptrs) if (p) orphaned_device.push_back(p);
     return;
   }
-  watch_teardown();  // the synchronization below may wait behind a fallback operation
+  const bool watched = watch_teardown();  // the synchronization below may wait behind a fallback operation
   detail::release_device_memory(device, ptrs);
+  if (watched) stop_watchdog();
 }
 
 bool Communicator::Impl::peer_failed() {
@@ -549,6 +565,7 @@ uint32_t Communicator::Impl::read_fault_word(cudaError_t* copy_error) {
   // so teardown waits for no peer.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  if (!exchanged) cudaGetLastError();  // its own error: the copy below says whether it matters
   cudaError_t st = cudaMemcpyAsync(&word, fault_word_local(), sizeof(word), cudaMemcpyDeviceToHost, setup_stream);
   if (st == cudaSuccess) st = cudaStreamSynchronize(setup_stream);
   if (exchanged) cudaThreadExchangeStreamCaptureMode(&mode);
@@ -922,6 +939,10 @@ Communicator::Communicator(ncclComm_t comm, int device, CommunicatorOptions opti
   check_tp(im.tp);
   im.device = device;
   im.options = options;
+  // Polled as non-blocking (Impl::nonblocking): the caller's communicator may be either, and
+  // asking a blocking one costs one call that returns at once. Until 2026-12-05 it was taken as
+  // blocking, so that a non-blocking one's ncclInProgress was taken for done (a review).
+  im.nonblocking = im.tp > 1;
   init_budget(im);
   init_common(im);
 }
@@ -1030,8 +1051,9 @@ void Communicator::Impl::free_window(Window& w) {
   } else if (peer_failed()) {
     orphan();  // nothing here may wait: no device synchronization, no deregistration (it may wait for a dead peer)
   } else {
-    watch_teardown();
+    const bool watched = watch_teardown();
     cudaDeviceSynchronize();  // not under nccl_mutex: the watchdog may need it to end a stuck NCCL kernel
+    if (watched) stop_watchdog();
     // The NCCL communicator under nccl_mutex from here: the watchdog's thread may have aborted
     // it meanwhile (its abort ends the kernels the synchronization waited for), so the failure
     // is looked at again under the lock (a review, 2026-12-05: a deregistration raced the abort).

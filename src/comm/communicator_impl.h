@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -32,9 +33,11 @@ struct Communicator::Impl {
   static constexpr int kSetupWords = 256;
   int* setup_words = nullptr;           // device ints for the construction-time all-reduces
   int* setup_host = nullptr;            // pinned host ints they are copied through (kSetupWords)
-  // The owned NCCL communicator was made non-blocking (config.blocking = 0): every NCCL call on
-  // it returns at once and its completion is polled (ncclCommGetAsyncError) within the budget,
-  // so that no host-side wait on a peer lasts without end (PROTOCOL.md, I20).
+  // Every NCCL call's completion is polled (ncclCommGetAsyncError) within the budget, so that no
+  // host-side wait on a peer lasts without end (PROTOCOL.md, I20): at TP > 1, where the owned
+  // NCCL communicator is made non-blocking (config.blocking = 0: every call returns at once),
+  // and around a caller's, which is non-blocking as the wrapping constructor asks (on a
+  // blocking one the call itself waited, and the poll returns at once).
   bool nonblocking = false;
 
   // --- Budgets on host-side waits (PROTOCOL.md, I20) ---------------------------------------
@@ -80,6 +83,9 @@ struct Communicator::Impl {
   std::string watchdog_reason;  // set before watchdog_tripped
   std::thread watchdog;
   std::atomic<bool> watchdog_stop{false};
+  std::mutex watchdog_sleep;               // with watchdog_wake: a stop ends the thread's sleep at once
+  std::condition_variable watchdog_wake;
+  bool fallback_ran = false;  // a fallback call was made (host side: its kernels may not have run yet)
   // One NCCL fallback call of an op, under nccl_mutex (throws kUnusable, "<who>: the NCCL
   // communicator was aborted", where the watchdog aborted it):
   //  - fallback_enter counts the call in (the watchdog's progress counts, stream-ordered; the
@@ -104,12 +110,15 @@ struct Communicator::Impl {
   // every tenth of the budget (10 ms to 1 s) it takes one look (watch_fallback). Throws
   // std::system_error where no thread can be had.
   void start_watchdog();
-  // Before a teardown's device synchronization (an op's buffers, a window): where the fallback
-  // ran, the watchdog's thread even with options.watchdog off, so that a synchronization behind a
-  // fallback operation stuck on a dead peer ends within the budget (the abort ends it) rather
-  // than never (SPEC: teardown never waits on a dead peer without end). Never throws.
-  void watch_teardown() noexcept;
-  void stop_watchdog() noexcept;
+  // Before a teardown's device synchronization (an op's buffers, a window): where a fallback
+  // call was made, the watchdog's thread even with options.watchdog off, so that a
+  // synchronization behind a fallback operation stuck on a dead peer ends within the budget (the
+  // abort of an owned NCCL communicator ends it) rather than never (SPEC: teardown never waits
+  // on a dead peer without end). Returns whether it started the thread for this teardown alone
+  // (options.watchdog off): the caller stops it once synchronized (stop_watchdog), so that it
+  // does not go on watching the op calls that follow. Never throws.
+  bool watch_teardown() noexcept;
+  void stop_watchdog() noexcept;  // ends the thread's sleep, joins it; it may be started again
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route
@@ -123,11 +132,11 @@ struct Communicator::Impl {
   // ranks only is found by the peers of the next call (PROTOCOL.md, I19). The kernels read the
   // device copy (rejected_word(), advanced in stream order by count_rejected), so that a CUDA
   // graph's replay carries the count of its time; this one is the host's view of it.
-  uint32_t rejected = 0;
+  std::atomic<uint32_t> rejected{0};
   // Calls of this communicator's ops that went out on this rank so far (their first launch
   // made, whether they then completed or failed): with `rejected`, how a binding tells a call
   // that reached its launch from one rejected before it (launched_calls()).
-  uint32_t launched = 0;
+  std::atomic<uint32_t> launched{0};  // atomic, as `rejected`: read without call_mutex
   // Op calls of this communicator one at a time (guarded_call, note_rejected_call): a binding
   // may call them without its interpreter's lock. The ranks' sequences of calls must still
   // agree, so calling ops of one communicator from several threads is the caller's to order.

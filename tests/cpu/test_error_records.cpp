@@ -316,6 +316,31 @@ TEST_F(ErrorRecords, AFaultWordThatCannotBeReadIsACudaErrorNotAPeerTimeout) {
   im.fault_window = {};
 }
 
+// Teardown's watch (watch_teardown): where a fallback call was made, the watchdog's thread runs
+// through a teardown's device synchronization even with options.watchdog off, and is stopped
+// after it (at once: a stop ends its sleep), so that it does not watch the op calls that follow
+// (a review, 2026-12-05). With the option on it is the thread the calls started, and stays.
+TEST_F(ErrorRecords, TeardownWatchesOnlyWhereAFallbackCallWasMadeAndStopsAfterIt) {
+  im.options.wait_timeout_ms = 30000;  // the thread looks every second
+  im.options.watchdog = false;
+  EXPECT_FALSE(im.watch_teardown());  // no fallback call: nothing to watch
+  EXPECT_FALSE(im.watchdog.joinable());
+  im.fallback_ran = true;
+  EXPECT_TRUE(im.watch_teardown());
+  EXPECT_TRUE(im.watchdog.joinable());
+  const auto t0 = std::chrono::steady_clock::now();
+  im.stop_watchdog();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));  // not the 1 s sleep
+  EXPECT_FALSE(im.watchdog.joinable());
+  EXPECT_TRUE(im.watch_teardown());  // and again at the next teardown
+  im.stop_watchdog();
+  im.options.watchdog = true;
+  EXPECT_FALSE(im.watch_teardown());  // started, but it is the calls' thread: the caller keeps it
+  EXPECT_TRUE(im.watchdog.joinable());
+  EXPECT_FALSE(im.watch_teardown());  // running already
+  im.stop_watchdog();
+}
+
 // An op construction that fails after its agreement, with an exception of any type, leaves the
 // communicator unusable naming it (a review, 2026-12-05: a std::bad_alloc there left it usable
 // while its peers went on into the collective it left).
