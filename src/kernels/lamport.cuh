@@ -427,7 +427,11 @@ __device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, const Gen
 // which wrote the state, completed before, and its writes are visible (so is the count: a
 // rejected call's increment is a kernel of the stream before this call's first); the fault word's line is
 // not in this kernel's L1 before this load, which takes it from L2, where peers' stores land (a
-// warp's loads of it are one request, and an SM's warps share one L1 miss). Where a kernel skips
+// warp's loads of it are one request, and an SM's warps share one L1 miss). A line a predecessor
+// grid still resident on the SM loaded could be stale (PDL; a review, 2026-12-05): then this call
+// may publish once after a fault, which weakens only I12b's "nothing stored after a fault", never
+// an error's report: a rank whose wait ended on the fault holds its fatal record already, and
+// the waits read the word with system-scope loads. Where a kernel skips
 // the wait (after our own publish, which passed it), PDL promises no such visibility:
 // read_generation_cta then reads both with GPU-scope relaxed loads, by one thread of the CTA,
 // shared through shared memory (`box`, a CTA barrier: call it from every thread). Not one strong
