@@ -418,8 +418,9 @@ bool Communicator::Impl::watch_fallback() {
   return true;
 }
 
-void Communicator::Impl::start_watchdog() {
-  if (watchdog.joinable()) return;
+bool Communicator::Impl::start_watchdog() {
+  std::lock_guard<std::mutex> started(watchdog_thread);
+  if (watchdog.joinable()) return false;
   // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
   const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
   watchdog = std::thread([this, every] {
@@ -433,19 +434,20 @@ void Communicator::Impl::start_watchdog() {
       sleep.lock();
     }
   });
+  return true;
 }
 
 bool Communicator::Impl::watch_teardown() noexcept {
-  if (!fallback_ran || watchdog_tripped || watchdog.joinable()) return false;
+  if (!fallback_ran || watchdog_tripped) return false;
   try {
-    start_watchdog();
+    return start_watchdog() && !options.watchdog;
   } catch (...) {  // no thread to be had: the synchronization is unbounded, as it was before
     return false;
   }
-  return !options.watchdog;
 }
 
 void Communicator::Impl::stop_watchdog() noexcept {
+  std::lock_guard<std::mutex> started(watchdog_thread);
   if (!watchdog.joinable()) return;
   {
     std::lock_guard<std::mutex> sleep(watchdog_sleep);
@@ -506,6 +508,11 @@ void Communicator::Impl::apart_after_agreement(const char* what, std::exception_
 void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, kernels::CallIdentity id, void* ids,
                                        const std::function<ncclResult_t()>& rows, cudaStream_t stream, const char* what,
                                        bool& launched) {
+  // The watchdog's thread first: its start can fail (std::system_error), and a failure before the
+  // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
+  // then differ by), not half made. Before nccl_mutex: a stop (a teardown on another thread)
+  // holds the thread's start and stop while it joins the thread, which takes nccl_mutex.
+  if (options.watchdog) start_watchdog();
   std::lock_guard<std::recursive_mutex> lock(nccl_mutex);
   require_nccl(who);
   kernels::FallbackParams fp = {};
@@ -515,10 +522,6 @@ void Communicator::Impl::fallback_call(const char* who, kernels::ErrorSink err, 
   fp.ids = ids;
   fp.fault_own = static_cast<const uint32_t*>(fault_window.ptr);  // its own allocation (sink: the peer mapping)
   fp.tp = tp;
-  // The watchdog's thread first: its start can fail (std::system_error), and a failure before the
-  // enter kernel leaves the call rejected on this rank (its count, which the peers' identities
-  // then differ by), not half made.
-  if (options.watchdog) start_watchdog();
   fallback_ran = true;  // before the enter kernel: teardown watches from here (watch_teardown)
   MHCCL_CUDA(kernels::launch_fallback_enter(fp, stream));
   launched = true;

@@ -83,6 +83,7 @@ struct Communicator::Impl {
   std::string watchdog_reason;  // set before watchdog_tripped
   std::thread watchdog;
   std::atomic<bool> watchdog_stop{false};
+  std::mutex watchdog_thread;              // the start and stop of `watchdog`
   std::mutex watchdog_sleep;               // with watchdog_wake: a stop ends the thread's sleep at once
   std::condition_variable watchdog_wake;
   bool fallback_ran = false;  // a fallback call was made (host side: its kernels may not have run yet)
@@ -107,9 +108,11 @@ struct Communicator::Impl {
   void check_fallback();
   bool watch_fallback();  // one look, under nccl_mutex: check_fallback and the thread
   // The watchdog's thread, started once (by the first fallback call where options.watchdog):
-  // every tenth of the budget (10 ms to 1 s) it takes one look (watch_fallback). Throws
-  // std::system_error where no thread can be had.
-  void start_watchdog();
+  // every tenth of the budget (10 ms to 1 s) it takes one look (watch_fallback). Returns whether
+  // it started it now (false: running already). Throws std::system_error where no thread can be
+  // had. Start and stop hold `watchdog_thread` (a teardown on one thread, a call on another);
+  // neither is called under nccl_mutex, which the thread takes (stop joins it).
+  bool start_watchdog();
   // Before a teardown's device synchronization (an op's buffers, a window): where a fallback
   // call was made, the watchdog's thread even with options.watchdog off, so that a
   // synchronization behind a fallback operation stuck on a dead peer ends within the budget (the
