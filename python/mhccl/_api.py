@@ -537,7 +537,9 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     is collective, as the first was: every rank of the group calls this (with the same
     arguments), then builds its ops again. The old ops keep the old communicator and raise
     ``UnusableError`` if called; drop them (its memory goes with the last of them). A healthy
-    communicator may be forgotten too (its memory goes once its ops are gone), on every rank.
+    communicator may be forgotten too (its memory goes once its ops are gone), on every rank:
+    before ``torch.distributed.destroy_process_group()``, for one, since the cache keeps the
+    group object beside its communicator.
 
     Args:
         group: the TP group, as the ops' ``group`` (None: the same default).
