@@ -427,26 +427,37 @@ def _engine_tp_group() -> Any:
         return None
 
 
-def _group_layout(group: Any) -> Tuple[Any, int, int]:
-    """(group, tp, rank) of the TP group. ``group=None``: the engine's TP group when vLLM's parallel
-    state is initialized (``vllm.distributed.get_tp_group().device_group``, as the reference
-    module does), else torch.distributed's world group when it is initialized, else TP=1
-    (group None)."""
+def _resolve_group(group: Any) -> Any:
+    """The TP group ``group`` stands for: itself (a torch.distributed ProcessGroup, checked), or for
+    None the engine's TP group when vLLM's parallel state is initialized
+    (``vllm.distributed.get_tp_group().device_group``, as the reference module does), else
+    torch.distributed's world group when it is initialized, else None (TP=1). Asks
+    torch.distributed nothing about a group given, which may have been destroyed since."""
     try:
         import torch.distributed as dist
     except ImportError:
         if group is not None:
             raise
-        return None, 1, 0
+        return None
     if group is None:
         if not (dist.is_available() and dist.is_initialized()):
-            return None, 1, 0
+            return None
         group = _engine_tp_group()
-        if group is None:
-            group = dist.group.WORLD
-    elif not isinstance(group, getattr(dist, "ProcessGroup", ())):
+        return dist.group.WORLD if group is None else group
+    if not isinstance(group, getattr(dist, "ProcessGroup", ())):
         raise ArgumentTypeError(f"group: expected a torch.distributed ProcessGroup or None, "
                                 f"got {type(group).__name__}")
+    return group
+
+
+def _group_layout(group: Any) -> Tuple[Any, int, int]:
+    """(group, tp, rank) of the TP group (``_resolve_group``; None, 1, 0 for TP=1 without
+    torch.distributed)."""
+    group = _resolve_group(group)
+    if group is None:
+        return None, 1, 0
+    import torch.distributed as dist
+
     try:
         tp, rank = dist.get_world_size(group), dist.get_rank(group)
     except (ValueError, RuntimeError) as e:  # torch.distributed not (or no longer) initialized
@@ -539,7 +550,8 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     ``UnusableError`` if called; drop them (its memory goes with the last of them). A healthy
     communicator may be forgotten too (its memory goes once its ops are gone), on every rank:
     before ``torch.distributed.destroy_process_group()``, for one, since the cache keeps the
-    group object beside its communicator.
+    group object beside its communicator (after it, pass the group object itself: None then
+    means TP=1).
 
     Args:
         group: the TP group, as the ops' ``group`` (None: the same default).
@@ -549,9 +561,10 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     Returns:
         How many communicators were forgotten (0 where the group had none).
     """
-    group, _, _ = _group_layout(group)
+    # The group as given, not asked of torch.distributed: a group destroyed since is still found
+    # (the cache keeps the group object beside its communicator).
     index = None if device is None else _device_index(device)
-    gid = _group_id(group)
+    gid = _group_id(_resolve_group(group))
     forgotten = 0
     for key in list(_COMMUNICATORS):  # a copy: another thread's op may change it
         if key[0] == gid and (index is None or key[1] == index):

@@ -400,3 +400,19 @@ def _define() -> None:
         op = instance(handle, "LamportAllGather")
         checked_gather(op, inp)
         return gathered(op, inp, torch.empty)
+
+    # Every op is a collective: its call is one of the rank's sequence of calls that pair with the
+    # peers' (SPEC.md, "Ranks that diverge"), so torch.compile must make it even where nothing
+    # reads its outputs. Without this, a call whose results go unused (fresh `_out` buffers too)
+    # was removed as dead code by aot_eager and Inductor: not launched and not counted, and where
+    # the ranks traced different code (a result used on some ranks only) the ranks' calls paired
+    # wrongly from then on (a review, 2026-12-05; measured with torch 2.11, the CPU tests).
+    # torch.fx's side-effect registry is what FX's dead-code elimination and Inductor's scheduler
+    # both read (torch._library.utils.is_impure).
+    from torch.fx.node import has_side_effect
+
+    for collective in (all_reduce_mhc_out, all_reduce_mhc, all_reduce_mhc_finalize_out,
+                       all_reduce_mhc_finalize, all_gather_out, all_gather):
+        packet = getattr(torch.ops.mhccl, collective._name)
+        for overload in packet.overloads():
+            has_side_effect(getattr(packet, overload))

@@ -281,6 +281,7 @@ def stand_in_communicators(monkeypatch):
     lib = type("Lib", (), {"Communicator": Comm, "unique_id": staticmethod(lambda: b"\0" * 128)})
     monkeypatch.setattr(_api, "_lib", lambda: lib)
     monkeypatch.setattr(_api, "_group_layout", lambda g: (g, 1, 0))
+    monkeypatch.setattr(_api, "_resolve_group", lambda g: g)
     monkeypatch.setattr(_api, "_COMMUNICATORS", {})
 
 

@@ -813,6 +813,42 @@ def test_a_meta_tensor_among_real_ones_is_refused(recording_op, case):
     assert rec.calls == []
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # the caches turned off below
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("case", ["call", "call into fresh outputs", "finalize", "all_gather"])
+def test_a_call_whose_results_go_unused_is_still_made_when_compiled(recording_op, backend, case):
+    """Every op is a collective, one of the rank's sequence of calls that pair with the peers':
+    torch.compile must make it even where nothing reads its outputs. It used to be removed as dead
+    code (aot_eager and Inductor; also the `_out` ops writing buffers made in the graph): nothing
+    launched and nothing counted, so where ranks traced different code (a result used on some
+    ranks only) their calls paired wrongly from then on (a review, 2026-12-05)."""
+    op, rec = recording_op
+    bf = torch.bfloat16
+    lead, t = _call_inputs(3, "cpu", case == "finalize", "plain")
+    epilogue = (t["residual"], t["post"], t["comb"], t["pre"], t["norm_weight"], 1e-6)
+    ag = _meta_instance(mhccl.LamportAllGather, world_size=2, rank_capacity_bytes=4096, _op=rec, _device=0)
+    gathered = torch.ones(4, 4)
+
+    def step(y):
+        if case == "call":
+            op(*lead.values(), *epilogue)
+        elif case == "call into fresh outputs":
+            op(*lead.values(), *epilogue, residual_out=torch.empty(3, HC, H, dtype=bf),
+               layer_input=torch.empty(3, H, dtype=bf))
+        elif case == "finalize":
+            op.finalize(*lead.values(), *epilogue)
+        else:
+            ag(gathered)
+        return y + 1
+
+    torch._dynamo.reset()
+    # Caches off: a graph another build of the package compiled (and cached) may have dropped it.
+    with torch.compiler.config.patch(force_disable_caches=True):
+        out = torch.compile(step, backend=backend, fullgraph=True)(torch.zeros(2))
+    assert torch.equal(out, torch.ones(2))
+    assert [c[0] for c in rec.calls] == ["finalize" if case == "finalize" else "call"]
+
+
 def test_all_gather_size_is_checked_before_anything_is_allocated(recording_op):
     """An expanded inp of 2**40 rows: a ValueError, not the allocator's error for the output (or
     the copy of inp); and a 0-d tensor, which the call refuses, is not accepted either."""
@@ -1229,6 +1265,23 @@ def test_a_group_torch_distributed_cannot_use_is_an_invalid_argument():
     pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
     with pytest.raises(mhccl.InvalidArgumentError, match="^group: "):
         _api._group_layout(pg)
+
+
+def test_a_group_destroyed_since_can_still_be_forgotten(tmp_path, monkeypatch):
+    """The cache keeps a communicator with its group until forget_communicator: given the group
+    object, it is found after torch.distributed.destroy_process_group() too (a review, 2026-12-05:
+    forgetting asked torch.distributed about the group, which raised for a destroyed one, and
+    the entry, an NCCL communicator and its memory, stayed for the process's life)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    world = dist.group.WORLD
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {(id(world), 0, None, True, False): ("comm", world)})
+    dist.destroy_process_group()
+    assert mhccl.forget_communicator() == 0  # None: TP=1 now, not the destroyed world
+    assert mhccl.forget_communicator(world) == 1 and not _api._COMMUNICATORS
 
 
 def test_a_call_with_tensors_on_two_devices_rejected_while_compiled_is_counted(counting_op):
