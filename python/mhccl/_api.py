@@ -549,9 +549,9 @@ def forget_communicator(group: Any = None, device: Any = None) -> int:
     arguments), then builds its ops again. The old ops keep the old communicator and raise
     ``UnusableError`` if called; drop them (its memory goes with the last of them). A healthy
     communicator may be forgotten too (its memory goes once its ops are gone), on every rank:
-    before ``torch.distributed.destroy_process_group()``, for one, since the cache keeps the
-    group object beside its communicator (after it, pass the group object itself: None then
-    means TP=1).
+    before ``torch.distributed.destroy_process_group()`` or vLLM's ``destroy_model_parallel()``,
+    for one, since the cache keeps the group object beside its communicator (after them, pass
+    the group object itself: None then means another group, or TP=1).
 
     Args:
         group: the TP group, as the ops' ``group`` (None: the same default).

@@ -408,7 +408,8 @@ def _define() -> None:
     # the ranks traced different code (a result used on some ranks only) the ranks' calls paired
     # wrongly from then on (a review, 2026-12-05; measured with torch 2.11, the CPU tests).
     # torch.fx's side-effect registry is what FX's dead-code elimination and Inductor's scheduler
-    # both read (torch._library.utils.is_impure).
+    # both read (torch._library.utils.is_impure, torch 2.11; an older Inductor may read only
+    # whether the schema mutates, USAGE.md says so).
     from torch.fx.node import has_side_effect
 
     for collective in (all_reduce_mhc_out, all_reduce_mhc, all_reduce_mhc_finalize_out,

@@ -420,6 +420,10 @@ bool Communicator::Impl::watch_fallback() {
 
 bool Communicator::Impl::start_watchdog() {
   std::lock_guard<std::mutex> started(watchdog_thread);
+  return start_watchdog_locked();
+}
+
+bool Communicator::Impl::start_watchdog_locked() {
   if (watchdog.joinable()) return false;
   // The background half of the watchdog: looks every tenth of the budget (10 ms to 1 s).
   const auto every = std::chrono::milliseconds(std::min<uint64_t>(1000, std::max<uint64_t>(10, options.wait_timeout_ms / 10)));
@@ -439,15 +443,27 @@ bool Communicator::Impl::start_watchdog() {
 
 bool Communicator::Impl::watch_teardown() noexcept {
   if (!fallback_ran || watchdog_tripped) return false;
+  std::lock_guard<std::mutex> started(watchdog_thread);
   try {
-    return start_watchdog() && !options.watchdog;
+    if (start_watchdog_locked()) watchdog_for_teardown = !options.watchdog;
   } catch (...) {  // no thread to be had: the synchronization is unbounded, as it was before
     return false;
   }
+  ++teardown_watches;
+  return true;
+}
+
+void Communicator::Impl::unwatch_teardown() noexcept {
+  std::lock_guard<std::mutex> started(watchdog_thread);
+  if (--teardown_watches == 0 && watchdog_for_teardown) stop_watchdog_locked();
 }
 
 void Communicator::Impl::stop_watchdog() noexcept {
   std::lock_guard<std::mutex> started(watchdog_thread);
+  stop_watchdog_locked();
+}
+
+void Communicator::Impl::stop_watchdog_locked() noexcept {
   if (!watchdog.joinable()) return;
   {
     std::lock_guard<std::mutex> sleep(watchdog_sleep);
@@ -456,6 +472,7 @@ void Communicator::Impl::stop_watchdog() noexcept {
   watchdog_wake.notify_all();
   watchdog.join();
   watchdog_stop = false;
+  watchdog_for_teardown = false;
 }
 
 void Communicator::Impl::check_fallback() {
@@ -543,7 +560,7 @@ void Communicator::Impl::release(std::initializer_list<void*> ptrs) {
   }
   const bool watched = watch_teardown();  // the synchronization below may wait behind a fallback operation
   detail::release_device_memory(device, ptrs);
-  if (watched) stop_watchdog();
+  if (watched) unwatch_teardown();
 }
 
 bool Communicator::Impl::peer_failed() {
@@ -964,7 +981,12 @@ int Communicator::device() const { return impl_->device; }
 ncclComm_t Communicator::nccl() const { return impl_->comm; }
 const CommunicatorOptions& Communicator::options() const { return impl_->options; }
 bool Communicator::peers_reachable() const { return impl_->reachable; }
-void Communicator::check_errors() { impl_->check(/*report_routes=*/true); }
+void Communicator::check_errors() {
+  // Under the calls' mutex: a call on another thread (which the bindings make without Python's
+  // lock) reads and consumes the same records and may make the communicator unusable meanwhile.
+  std::lock_guard<std::mutex> lock(impl_->call_mutex);
+  impl_->check(/*report_routes=*/true);
+}
 void Communicator::note_rejected_call(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(impl_->call_mutex);
   impl_->count_rejected(stream);
@@ -1056,7 +1078,7 @@ void Communicator::Impl::free_window(Window& w) {
   } else {
     const bool watched = watch_teardown();
     cudaDeviceSynchronize();  // not under nccl_mutex: the watchdog may need it to end a stuck NCCL kernel
-    if (watched) stop_watchdog();
+    if (watched) unwatch_teardown();
     // The NCCL communicator under nccl_mutex from here: the watchdog's thread may have aborted
     // it meanwhile (its abort ends the kernels the synchronization waited for), so the failure
     // is looked at again under the lock (a review, 2026-12-05: a deregistration raced the abort).

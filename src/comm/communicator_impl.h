@@ -86,7 +86,9 @@ struct Communicator::Impl {
   std::mutex watchdog_thread;              // the start and stop of `watchdog`
   std::mutex watchdog_sleep;               // with watchdog_wake: a stop ends the thread's sleep at once
   std::condition_variable watchdog_wake;
-  bool fallback_ran = false;  // a fallback call was made (host side: its kernels may not have run yet)
+  std::atomic<bool> fallback_ran{false};  // a fallback call was made (host side: its kernels may not have run yet)
+  int teardown_watches = 0;           // teardowns synchronizing under the watchdog now (under watchdog_thread)
+  bool watchdog_for_teardown = false;  // the running thread was started by a teardown (watchdog off)
   // One NCCL fallback call of an op, under nccl_mutex (throws kUnusable, "<who>: the NCCL
   // communicator was aborted", where the watchdog aborted it):
   //  - fallback_enter counts the call in (the watchdog's progress counts, stream-ordered; the
@@ -113,15 +115,19 @@ struct Communicator::Impl {
   // had. Start and stop hold `watchdog_thread` (a teardown on one thread, a call on another);
   // neither is called under nccl_mutex, which the thread takes (stop joins it).
   bool start_watchdog();
+  bool start_watchdog_locked();  // the same, the caller holding watchdog_thread
   // Before a teardown's device synchronization (an op's buffers, a window): where a fallback
   // call was made, the watchdog's thread even with options.watchdog off, so that a
   // synchronization behind a fallback operation stuck on a dead peer ends within the budget (the
   // abort of an owned NCCL communicator ends it) rather than never (SPEC: teardown never waits
-  // on a dead peer without end). Returns whether it started the thread for this teardown alone
-  // (options.watchdog off): the caller stops it once synchronized (stop_watchdog), so that it
-  // does not go on watching the op calls that follow. Never throws.
+  // on a dead peer without end). Returns whether the synchronization is watched: the caller then
+  // calls unwatch_teardown() once synchronized, and the last of the teardowns watched at once
+  // stops a thread a teardown started (options.watchdog off), so that it does not go on
+  // watching the op calls that follow. Never throws.
   bool watch_teardown() noexcept;
+  void unwatch_teardown() noexcept;
   void stop_watchdog() noexcept;  // ends the thread's sleep, joins it; it may be started again
+  void stop_watchdog_locked() noexcept;
 
   // Error reporting (kernels/params.h, ErrorRecord).
   kernels::ErrorRecord* record = nullptr;         // [2] pinned, host-mapped: timeout, route

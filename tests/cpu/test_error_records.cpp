@@ -329,16 +329,28 @@ TEST_F(ErrorRecords, TeardownWatchesOnlyWhereAFallbackCallWasMadeAndStopsAfterIt
   EXPECT_TRUE(im.watch_teardown());
   EXPECT_TRUE(im.watchdog.joinable());
   const auto t0 = std::chrono::steady_clock::now();
-  im.stop_watchdog();
+  im.unwatch_teardown();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));  // not the 1 s sleep
   EXPECT_FALSE(im.watchdog.joinable());
-  EXPECT_TRUE(im.watch_teardown());  // and again at the next teardown
-  im.stop_watchdog();
-  im.options.watchdog = true;
-  EXPECT_FALSE(im.watch_teardown());  // started, but it is the calls' thread: the caller keeps it
+  // Two teardowns at once (on two threads): the thread runs until the last is synchronized (a
+  // review, 2026-12-05: the first stopped it under the second).
+  EXPECT_TRUE(im.watch_teardown());
+  EXPECT_TRUE(im.watch_teardown());
+  im.unwatch_teardown();
   EXPECT_TRUE(im.watchdog.joinable());
-  EXPECT_FALSE(im.watch_teardown());  // running already
+  im.unwatch_teardown();
+  EXPECT_FALSE(im.watchdog.joinable());
+  // With the option on the thread is the calls': a teardown starts it where none runs yet and
+  // leaves it running.
+  im.options.watchdog = true;
+  EXPECT_TRUE(im.watch_teardown());
+  im.unwatch_teardown();
+  EXPECT_TRUE(im.watchdog.joinable());
+  EXPECT_TRUE(im.watch_teardown());
+  im.unwatch_teardown();
+  EXPECT_TRUE(im.watchdog.joinable());
   im.stop_watchdog();
+  EXPECT_FALSE(im.watchdog.joinable());
 }
 
 // An op construction that fails after its agreement, with an exception of any type, leaves the
