@@ -9,7 +9,7 @@
 # as a patch file in bench/experiments/, since a branch that did not land does not outlive its
 # checkout. A patch's "# Requires: OTHER.patch" header lines name patches that must come before
 # it in the same spec. Every spec is checked before any tree is made.
-#   scripts/ab-trees.sh d51a7f3=d51a7f3 lean=HEAD+bench/experiments/header-check-lean.patch
+#   scripts/ab-trees.sh d51a7f3=d51a7f3 fin=4935d07+bench/experiments/finalize-gemm2-row-ahead.patch
 #   scripts/ab-trees.sh --list      the trees there are, and what each came from
 #   scripts/ab-trees.sh --clean     removes every .ab-* tree (move them away before a commit
 #                                   rather, if a GPU machine has not built them yet)

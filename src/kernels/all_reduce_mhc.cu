@@ -333,14 +333,19 @@ __device__ __forceinline__ const uint4* owner_header_at(const void* contribution
 // header, so none completes on a reduced row built from another call's contribution without an
 // error (its wait ends at the fault the mismatch raised). The other owner CTAs check nothing:
 // every contribution of generation g in this mailbox comes from the one call whose header is
-// here (PROTOCOL.md, I19).
+// here (PROTOCOL.md, I19). kLean: only the compare inline (check_header_cold), as the consumers';
+// owner_reduce_kernel only (in the streaming kernels, whose owners share the consumers' code
+// and registers, it moved their spills).
+template <bool kLean = false>
 __device__ __forceinline__ void owner_headers(const uint4* hdr, uint4 v, void* const (&reduced)[kMaxTp], int tp,
                                               int rank, int64_t reduced_rows, int np, uint4 want, const Generation& g,
                                               const LamportState* state, const ErrorSink& err) {
   const int lane = static_cast<int>(threadIdx.x);
   bool ok = true;
   if (lane < tp) {
-    ok = check_header<Bf16Lanes>(hdr, v, want, err, WaitSite{kProtoTwoShotOwner, lane, g.current, rank, state});
+    const WaitSite site{kProtoTwoShotOwner, lane, g.current, rank, state};
+    if constexpr (kLean) ok = same_pack(v, want) || check_header_cold<Bf16Lanes>(hdr, v, want, err, site);
+    else ok = check_header<Bf16Lanes>(hdr, v, want, err, site);
   }
   ok = __all_sync(0xFFFFFFFFu, ok);
   if (lane == 0 && ok && may_publish(err, g.fault, WaitSite{kProtoTwoShotOwner, -1, g.current, rank, state})) {
@@ -434,7 +439,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   const uint4 want = identity_pack(p.id, g);
   if (row >= p.m) {  // the whole CTA: this rank owns no row of this group (for CTA 0: M <= rank)
     if (checker) {
-      owner_headers(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
+      owner_headers<true>(hdr, hdr != nullptr ? ld_volatile(hdr) : Bf16Lanes::sentinel(), p.reduced, p.tp, p.rank,
                     p.reduced_rows, p.np, want, g, p.state, p.err);
     }
     return;
@@ -443,7 +448,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   if constexpr (!kLoop) {
     owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, rp.row, p.np, rp.pack,
                       rp.active, g, p.state, p.err, hdr, [&](uint4 header) {
-                        if (checker) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+                        if (checker) owner_headers<true>(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
                       });
   } else {
     // Each row after the CTA's first also reads the fault word (a GPU-scope load, in flight with
@@ -459,7 +464,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
       if (j != rp.row) gj.fault = g.fault | load_fault_gpu(p.err);
       if (!owner_reduce_pack(p.mailbox, p.reduced, p.tp, p.rank, p.owner_rows, p.reduced_rows, j, p.np, rp.pack,
                              rp.active, gj, p.state, p.err, first ? hdr : nullptr, [&](uint4 header) {
-                               if (first) owner_headers(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
+                               if (first) owner_headers<true>(hdr, header, p.reduced, p.tp, p.rank, p.reduced_rows, p.np, want, g, p.state, p.err);
                              })) {
         break;
       }
@@ -778,9 +783,15 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     }
     round_sum_to_bf16<IN>(y, p.nslots);
   }
+  // Inline only the compare (check_header_cold_at). Not in the streaming consumer (consume_rows),
+  // whose check is once a call of hundreds of rows: there it moved the kernels' spills (ptxas -v).
   if (checks_header) {
-    check_header<Bf16Lanes>(header_at(), header, identity_pack(p.id, g), consumer_sink(p),
-                            WaitSite{p.protocol, static_cast<int>(threadIdx.x), g.current, row, p.state});
+    const uint4 want = identity_pack(p.id, g);
+    if (!same_pack(header, want)) {
+      check_header_cold_at<Bf16Lanes>(static_cast<const uint4*>(p.in), g.current, p.nslots, p.slot_rows, p.np,
+                                       static_cast<int>(threadIdx.x), header, want, consumer_sink(p),
+                                       WaitSite{p.protocol, static_cast<int>(threadIdx.x), g.current, row, p.state});
+    }
   }
 
   // residual_out[t] = bf16(post[t] * y + sum_s comb[s][t] * residual[s]); c = sum_t pre[t] * it.

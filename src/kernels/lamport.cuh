@@ -397,6 +397,26 @@ __device__ __forceinline__ bool check_header(const uint4* hdr, uint4 v, uint4 wa
   return false;
 }
 
+// check_header with only its common case inline: a header that arrived and equals `want` is one
+// compare (a header still in flight holds a sentinel lane, which no identity has: PROTOCOL.md
+// I19, make_call_identity). Anything else takes the out-of-line path: the bounded wait, the
+// compare, the record. The inline check costs the checking warp a few instructions; the whole
+// check inline (the wait's setup, the header's address) was about 60 dependent ones, which every
+// CTA of the row waited for at its RMS sum (ncu warp sampling, one H200, 2026-12-05).
+// check_header_cold: the header at `hdr`; check_header_cold_at: at writer `writer`'s header slot
+// of generation `gen` of the mailbox at `base` (call_header_offset), the address computed there.
+template <class Lanes>
+static __device__ __noinline__ bool check_header_cold(const uint4* hdr, uint4 v, uint4 want, const ErrorSink e,
+                                                      const WaitSite site) {
+  return check_header<Lanes>(hdr, v, want, e, site);
+}
+template <class Lanes>
+static __device__ __noinline__ bool check_header_cold_at(const uint4* base, uint32_t gen, int sources,
+                                                         int64_t slot_rows, int np, int writer, uint4 v, uint4 want,
+                                                         const ErrorSink e, const WaitSite site) {
+  return check_header<Lanes>(base + call_header_offset(gen, sources, slot_rows, np, writer), v, want, e, site);
+}
+
 // Resets the call headers of generation `gen` of writers 0 .. writers - 1 in the mailbox at
 // `base` (its layout: sources, slot_rows, np) to the sentinel: thread w of the calling CTA
 // resets writer w's.

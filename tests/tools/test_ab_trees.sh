@@ -51,5 +51,8 @@ trap 'rm -rf "$dir" "$tmp" tests/tools/.ab-trees-test-$$.patch' EXIT
 (cd tests && ../scripts/ab-trees.sh "$name=HEAD+tools/.ab-trees-test-$$.patch" > /dev/null) ||
   fail "a patch path from the current directory was not found"
 grep -q "+tests/tools/.ab-trees-test-$$.patch " "$dir/.ab-commit" || fail "the patch is not named from the root: $(cat "$dir/.ab-commit")"
-scripts/ab-trees.sh --list | grep -q "^$dir " || fail "--list does not show $dir"
+# Into a file first: grep -q ends at its first match, and under pipefail the list's writer then
+# fails with SIGPIPE where other trees follow (a developer's checkout with trees of its own).
+scripts/ab-trees.sh --list > "$tmp/list"
+grep -q "^$dir " "$tmp/list" || fail "--list does not show $dir"
 echo "ab-trees.sh: patched trees made, kept, refused as they should"
