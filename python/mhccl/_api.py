@@ -498,13 +498,14 @@ def _group_id(group: Any) -> int:
     return id(group) if group is not None else 0
 
 
-def _new_communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
+def _new_communicator(layout: Tuple[Any, int, int], device: int, wait_timeout_ms: Optional[int] = None,
                       watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
-    """The collective construction of a TP group's communicator: rank 0 of ``group`` makes the NCCL
-    unique id, the group broadcasts it (torch.distributed), every rank builds its communicator.
-    ``group`` as _group_layout resolves it. Not cached (_communicator caches)."""
+    """The collective construction of a TP group's communicator: rank 0 of the group makes the
+    NCCL unique id, the group broadcasts it (torch.distributed), every rank builds its
+    communicator. ``layout``: the group's (group, tp, rank), as _group_layout gives it. Not
+    cached (_communicator caches)."""
     lib = _lib()
-    group, tp, rank = _group_layout(group)
+    group, tp, rank = layout
     if tp == 1:
         uid = lib.unique_id()
     else:
@@ -524,13 +525,13 @@ def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None
     """The group's communicator for these options: the cached one (_COMMUNICATORS), else a new
     one (_new_communicator: collective), kept. Ops of other options get a communicator of their
     own (every rank passes the same options, so every rank builds it)."""
-    group, _, _ = _group_layout(group)
-    key = (_group_id(group), device, wait_timeout_ms, watchdog, force_nccl_fallback)
+    layout = _group_layout(group)
+    key = (_group_id(layout[0]), device, wait_timeout_ms, watchdog, force_nccl_fallback)
     entry = _COMMUNICATORS.get(key)
     if entry is not None:
         return entry[0]
-    comm = _new_communicator(group, device, wait_timeout_ms, watchdog, force_nccl_fallback)
-    _COMMUNICATORS[key] = (comm, group)
+    comm = _new_communicator(layout, device, wait_timeout_ms, watchdog, force_nccl_fallback)
+    _COMMUNICATORS[key] = (comm, layout[0])
     return comm
 
 

@@ -44,7 +44,7 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     lib = _api._lib()
     if device is None:
         device = int(os.environ.get("LOCAL_RANK", "0"))
-    comm = _api._new_communicator(group, _api._device_index(device))
+    comm = _api._new_communicator(_api._group_layout(group), _api._device_index(device))
     try:
         ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []),
                                           [int(m) for m in (ms or [])], tuning_file, print_cases)

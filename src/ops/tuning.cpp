@@ -289,7 +289,6 @@ Table load_table(const std::string& path) {
   // 2026-12-05). A table is a few KiB.
   constexpr int64_t kMaxTableBytes = int64_t{16} << 20;
   struct stat st {};
-  errno = 0;
   if (::stat(path.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > kMaxTableBytes)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tuning table " + path + ": " +
