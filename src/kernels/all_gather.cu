@@ -115,7 +115,14 @@ __global__ void __launch_bounds__(kAllGatherThreads) all_gather_kernel(const All
 __global__ void fallback_enter_kernel(const FallbackParams p) {
   volatile uint32_t* entered = p.progress;
   *entered = *entered + 1;
-  __threadfence_system();  // the watchdog reads it from the host
+  // The watchdog reads the count from the host. The fence is also what orders a fault this rank
+  // raised in an earlier kernel of this stream (a Lamport wait given up: raise_fault's
+  // compare-and-swaps into every rank's word) before the identity's write below, and by stream
+  // order before this call's NCCL sends, so that a peer whose call pairs with this one under an
+  // equal identity sees the fault in fallback_leave (PROTOCOL.md, I19: what a fence in
+  // raise_fault would give, with no cost to the Lamport kernels; an open limit, as it rests on
+  // stream order and NCCL's own ordering). Keep it here, and this kernel launched without PDL.
+  __threadfence_system();
   char* base = static_cast<char*>(p.ids);
   volatile uint32_t* calls = reinterpret_cast<uint32_t*>(base + kFallbackCallsOffset);
   const uint32_t n = *calls;
