@@ -167,6 +167,10 @@ if [[ " $stages " == *" profile "* ]]; then
   # cycles; the report kept as ncu-TAG.ncu-rep and its source page as ncu-src-TAG.csv), to see
   # which instructions a few hundred nanoseconds of difference between two builds wait at.
   # ncu runs kernels one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
+  # PROFILE_NAME_BASE=demangled: PROFILE_KERNEL is matched against the demangled name with its
+  # template arguments, to pick one instantiation, e.g. the direct call's streaming consumer at
+  # hc = 4, plain: PROFILE_KERNEL='streaming_kernel<4, [^,]*Input.1, [^,]*Variant.0,'
+  # (with PROFILE_BENCH_ARGS="--tp 1 --ops allreduce --rows 1024 --no-check --calls-per-graph 1 --repeats 1").
   pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
   sections=()
   for sec in ${PROFILE_SECTIONS:-SpeedOfLight WarpStateStats LaunchStats InstructionStats SchedulerStats MemoryWorkloadAnalysis}; do
@@ -183,7 +187,8 @@ if [[ " $stages " == *" profile "* ]]; then
     stamp "ncu ($which): $pk in ${target[*]:1}"
     # With PROFILE_SOURCE the report is exported (ncu then prints no results) and read back.
     rep=(); [[ ${PROFILE_SOURCE:-0} == 1 ]] && rep=(--export "$OUT/ncu-$tag" --force-overwrite)
-    timeout ${PROFILE_TIMEOUT:-240} ncu --clock-control none -k "regex:$pk" --launch-skip ${PROFILE_SKIP:-0} \
+    timeout ${PROFILE_TIMEOUT:-240} ncu --clock-control none --kernel-name-base ${PROFILE_NAME_BASE:-function} \
+      -k "regex:$pk" --launch-skip ${PROFILE_SKIP:-0} \
       --launch-count ${PROFILE_COUNT:-2} "${sections[@]}" "${rep[@]}" "${target[@]}" > "$OUT/ncu-$tag.txt" 2>&1
     echo "ncu ($which) rc=$?"
     if [[ ${PROFILE_SOURCE:-0} == 1 ]]; then
@@ -191,7 +196,7 @@ if [[ " $stages " == *" profile "* ]]; then
       timeout 120 ncu --import "$OUT/ncu-$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-src-$tag.csv" 2>&1
       echo "ncu source page ($which) rc=$? ($(wc -l < "$OUT/ncu-src-$tag.csv") lines)"
     fi
-    grep -E "$pk|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per${PROFILE_METRICS:+|${PROFILE_METRICS//,/|}}" \
+    grep -E "$pk|Context [0-9]+, Stream|Duration|Executed Instructions  |Warp Cycles Per Issued|Grid Size|Block Size|DRAM Throughput|Registers Per${PROFILE_METRICS:+|${PROFILE_METRICS//,/|}}" \
       "$OUT/ncu-$tag.txt" | head -${PROFILE_LINES:-80}
   done
 fi

@@ -21,11 +21,14 @@ struct Options {
   int repeats = 11;
   int warmup = 3;
   int ctas_per_row = 0;
+  std::vector<int64_t> rows;  // --rows: the M of the all-reduce, two-shot and fp8 tables (empty: each table's own)
   std::string json_path;
   std::string rows_out;  // worker: where rank 0 writes its rows (JSON)
 
   bool wants(const std::string& op) const;
   std::vector<std::string> worker_args() const;  // the options a worker needs, as arguments
+  // The M a table times: `rows` where given (sorted, each once), else the table's own list.
+  std::vector<int64_t> table_rows(std::vector<int64_t> own) const;
 };
 
 // Runs this process as one rank of a TP group (rank environment from mhccl-launch); returns the

@@ -46,9 +46,21 @@ std::vector<std::string> Options::worker_args() const {
   if (!check) a.push_back("--no-check");
   if (!timing) a.push_back("--check-only");
   if (quick) a.push_back("--quick");
+  if (!rows.empty()) {
+    std::string s;
+    for (const int64_t m : rows) s += (s.empty() ? "" : ",") + std::to_string(m);
+    a.insert(a.end(), {"--rows", s});
+  }
   a.insert(a.end(), {"--capacity-bytes", std::to_string(ag_capacity), "--calls-per-graph",
                      std::to_string(calls_per_graph), "--repeats", std::to_string(repeats)});
   return a;
+}
+
+std::vector<int64_t> Options::table_rows(std::vector<int64_t> own) const {
+  if (!rows.empty()) own = rows;
+  std::sort(own.begin(), own.end());
+  own.erase(std::unique(own.begin(), own.end()), own.end());
+  return own;
 }
 
 namespace {
@@ -236,6 +248,10 @@ int main(int argc, char** argv) {
                                     "(by name only: TP = 2 and 4 simulated on one GPU, timed at the TP=1 pass)");
   app.add_option("--json", o.json_path, "write every row (op, variant, protocol, tp, m, bytes/hidden, hc, us_median, baseline, baseline_us, correct) to this file");
   app.add_flag("--quick", o.quick, "fewer sizes (a smoke run)");
+  app.add_option("--rows", o.rows, "comma list of M (rows) for the all-reduce, two-shot and fp8 tables, instead of "
+                                   "each table's own (e.g. --rows 1024 to profile one size)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   bool check_only = false, no_check = false;
   app.add_flag("--check-only", check_only, "only the checks against the CPU reference");
   app.add_flag("--no-check", no_check, "skip the checks, only time");

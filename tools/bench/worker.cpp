@@ -433,11 +433,12 @@ void time_all_gather(Ctx& c) {
 }
 
 void time_all_reduce(Ctx& c) {
-  std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{1, 8, 64, 128}
-                                        : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
+  std::vector<int64_t> own = c.opt.quick ? std::vector<int64_t>{1, 8, 64, 128}
+                                         : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128};
   if (c.tp == 1) {
-    for (int64_t m : c.opt.quick ? std::vector<int64_t>{512, 4096} : std::vector<int64_t>{256, 512, 1024, 4096}) ms.push_back(m);
+    for (int64_t m : c.opt.quick ? std::vector<int64_t>{512, 4096} : std::vector<int64_t>{256, 512, 1024, 4096}) own.push_back(m);
   }
+  const std::vector<int64_t> ms = c.opt.table_rows(own);
   const int64_t cap = ms.back();
   const AllReduceMHCConfig cfg = dsv41_config(cap);
   AllReduceMHC op(*c.comm, cfg);
@@ -583,8 +584,8 @@ void time_all_reduce(Ctx& c) {
 // .. 4096, default thresholds: extra_us = fused - plain is what the fused quantization costs,
 // separate_quant_us = (plain + kernel) - plain what the separate kernel does. Both scale rules.
 void time_fp8(Ctx& c) {
-  const std::vector<int64_t> ms = c.opt.quick ? std::vector<int64_t>{1, 8, 64, 512, 4096}
-                                              : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+  const std::vector<int64_t> ms = c.opt.table_rows(c.opt.quick ? std::vector<int64_t>{1, 8, 64, 512, 4096}
+                                                  : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096});
   const int64_t cap = ms.back();
   AllReduceMHC plain_op(*c.comm, dsv41_config(cap));
   AllReduceMHC fp8_op(*c.comm, dsv41_fp8_config(cap, false)), ue8m0_op(*c.comm, dsv41_fp8_config(cap, true));
@@ -637,6 +638,7 @@ void time_two_shot(Ctx& c) {
   // TP=1: small M too (the one-shot's single launch through the own mailbox against the bare
   // floor of the same launch: what the epilogue adds on one GPU; the TP=2 table has it for real).
   if (c.tp == 1) ms.insert(ms.begin(), {1, 8, 64});
+  ms = c.opt.table_rows(ms);
   const int64_t cap = ms.back();
   AllReduceMHCConfig cfg = dsv41_config(cap);
   cfg.two_shot_min_rows = cap + 1;     // the one-shot mailbox holds every row ...
