@@ -15,6 +15,7 @@ import importlib
 import os
 import operator
 import sys
+import threading
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
                     Union)
 
@@ -663,6 +664,26 @@ def _mix_count_error(name: str, t: Optional[Tensor], shape: Sequence[int]) -> No
             f"{list(t.shape)} ({t.numel()} elements)")
 
 
+# One lock a communicator (by id(); an entry outlives its communicator, harmlessly: a later one
+# at the same address shares an unused lock), held over a call's checks and launch by
+# _counting_rejections, so that another thread's call of the same communicator cannot move its
+# counts between the snapshot and the check (a review, 2026-12-05: thread A's rejected call,
+# its conversion still running while thread B's call launched, was taken for launched and never
+# counted, and two concurrent rejections counted once). Re-entrant: the public method runs
+# the torch op's implementation, which counts again inside it.
+_CALL_LOCKS: "Dict[int, threading.RLock]" = {}
+_CALL_LOCKS_GUARD = threading.Lock()
+
+
+def _call_lock(comm: Any) -> "threading.RLock":
+    """The lock of ``comm``'s calls (_CALL_LOCKS)."""
+    lock = _CALL_LOCKS.get(id(comm))
+    if lock is None:
+        with _CALL_LOCKS_GUARD:
+            lock = _CALL_LOCKS.setdefault(id(comm), threading.RLock())
+    return lock
+
+
 def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)``, a call of ``op`` (an AllReduceMHC or LamportAllGather). Where it raises before the C++
     op counted it as rejected (a check of this package, a torch allocation or copy, the binding's
@@ -688,14 +709,17 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
             raise
     # Neither count moved: the call raised before it reached the C++ op's launch, which counted
     # nothing (an interrupt after the launch, KeyboardInterrupt included, moved launched_calls:
-    # that call went out and pairs with its peers', so it is not counted as rejected).
-    before = (comm.rejected_calls, comm.launched_calls)
-    try:
-        return fn(*args, **kwargs)
-    except BaseException:
-        if (comm.rejected_calls, comm.launched_calls) == before:
-            comm.note_rejected_call(_rejection_stream(op))
-        raise
+    # that call went out and pairs with its peers', so it is not counted as rejected). Under the
+    # communicator's call lock, so that only this call moves them (_CALL_LOCKS); the C++ op
+    # serializes a communicator's calls anyway, and a thread waiting here releases the GIL.
+    with _call_lock(comm):
+        before = (comm.rejected_calls, comm.launched_calls)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            if (comm.rejected_calls, comm.launched_calls) == before:
+                comm.note_rejected_call(_rejection_stream(op))
+            raise
 
 
 def _note_rejected_while_compiled(op: Any, comm: Any) -> None:

@@ -336,3 +336,52 @@ def test_rejected_calls_are_counted_once_on_the_communicator():
     with pytest.raises(KeyboardInterrupt):
         _api._counting_rejections(op, interrupted)
     assert op._comm.rejected_calls == 5
+
+
+def test_rejected_call_counted_while_another_thread_launches():
+    """Thread A's call raises in a check while thread B's call of the same communicator
+    launches: A's rejection is counted all the same (the communicator's call lock keeps B's
+    launch out of A's snapshot), and two threads' rejections count twice. Without the lock A
+    saw launched_calls move and counted nothing (a review, 2026-12-05), and a rejection on one
+    rank only then shifted the ranks' pairing with no error."""
+    pytest.importorskip("torch")
+    import threading
+
+    from mhccl import _api
+
+    op = types.SimpleNamespace(_comm=_CountingComm())
+    a_inside, b_launched = threading.Event(), threading.Event()
+
+    def a_check():  # a slow check that raises; B's call comes in the meantime, if it can
+        a_inside.set()
+        b_launched.wait(0.5)
+        raise ValueError("eps: expected a finite float")
+
+    def b_launch():
+        op._comm.launched_calls += 1
+        b_launched.set()
+
+    def thread_b():
+        a_inside.wait(5)
+        _api._counting_rejections(op, b_launch)
+
+    b = threading.Thread(target=thread_b)
+    b.start()
+    with pytest.raises(ValueError):
+        _api._counting_rejections(op, a_check)
+    b.join(5)
+    assert (op._comm.rejected_calls, op._comm.launched_calls) == (1, 1)
+
+    def rejected():
+        raise ValueError("x: expected dtype bfloat16")
+
+    def reject_in_thread():
+        with pytest.raises(ValueError):
+            _api._counting_rejections(op, rejected)
+
+    threads = [threading.Thread(target=reject_in_thread) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert op._comm.rejected_calls == 9
