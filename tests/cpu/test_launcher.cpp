@@ -1,6 +1,7 @@
 // The local launcher: environment of each rank, exit codes, killing the group on a failure or
 // at the deadline.
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 
@@ -96,6 +97,20 @@ TEST(Launcher, DeadlineKillsEveryRank) {
   EXPECT_EQ(r.exit_code, 124);
   EXPECT_TRUE(r.timed_out);
   EXPECT_LT(s, 20.0);
+}
+
+// A rank that leaves a process behind in a session of its own (out of killpg's reach) holding
+// its output pipe: the launcher stops reading it kDrainS after every rank exited, rather than
+// wait for its end of file (30 s here; for ever with `sleep infinity`), deadline or none.
+TEST(Launcher, OutputHeldByALeftBehindProcessIsNotWaitedFor) {
+  if (std::system("command -v setsid > /dev/null 2>&1") != 0) GTEST_SKIP() << "no setsid on this machine";
+  for (const double deadline : {0.0, 1.0}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = run_sh(2, deadline > 0 ? "setsid sleep 30 & exec sleep 60" : "setsid sleep 30 & exit 0", deadline);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.exit_code, deadline > 0 ? 124 : 0) << "deadline " << deadline;
+    EXPECT_LT(s, deadline > 0 ? 15.0 : 10.0) << "deadline " << deadline;
+  }
 }
 
 TEST(Launcher, AllSkippedIsSkipped) {

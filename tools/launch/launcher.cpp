@@ -118,6 +118,13 @@ Result run(const Options& opts) {
   auto failed_at = clock::now();
   std::string failure;
   auto kill_time = clock::now();
+  // Once every rank exited, its output pipe is read for at most kDrainS more: a process a rank
+  // left behind in a session of its own (`setsid cmd &`) keeps the pipe open beyond the reach of
+  // killpg, and waiting for its end of file outlived the deadline (30 s of its sleep, or for ever;
+  // a review, 2026-12-05).
+  constexpr double kDrainS = 2.0;
+  bool all_exited = false;
+  auto all_exited_at = clock::now();
   auto kill_group = [&](const char* why) {
     if (killing) return;
     killing = true;
@@ -170,6 +177,25 @@ Result run(const Options& opts) {
       all_done = all_done && c.exited && c.fd < 0;
     }
     if (all_done) break;
+    bool exited = true;
+    for (int r = 0; r < n; ++r) exited = exited && children[r].exited;
+    if (exited && !all_exited) {
+      all_exited = true;
+      all_exited_at = clock::now();
+    }
+    if (all_exited && std::chrono::duration<double>(clock::now() - all_exited_at).count() > kDrainS) {
+      for (int r = 0; r < n; ++r) {
+        Child& c = children[r];
+        if (c.fd < 0) continue;
+        flush_lines(c, r, opts.prefix_output, true);
+        std::fprintf(stdout, "mhccl-launch: rank %d exited, but a process it left behind still holds its output "
+                     "open: not waiting for it\n", r);
+        std::fflush(stdout);
+        close(c.fd);
+        c.fd = -1;
+      }
+      break;
+    }
     if (res.failed_rank >= 0 && !killing &&
         std::chrono::duration<double>(clock::now() - failed_at).count() >= opts.grace_s) {
       kill_group(failure.c_str());
