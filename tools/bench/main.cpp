@@ -24,6 +24,8 @@
 #include "common/devices.h"
 #include "common/nvtx.h"
 #include "launch/launcher.h"
+#include "mhccl/checks.h"
+#include "mhccl/error.h"
 #include "mhccl/info.h"
 
 using json = nlohmann::json;
@@ -243,7 +245,8 @@ int main(int argc, char** argv) {
   std::string ops_list;
   CLI::App app{"mhccl-bench: checks mhccl's ops against the CPU reference on every local GPU, then\n"
                "times them against NCCL baselines (CUDA-graph replays, median of repeats)."};
-  app.add_option("--tp", o.tps, "TP sizes to run (default: every local GPU as one group, then 1)");
+  app.add_option("--tp", o.tps, "TP sizes to run (default: every local GPU as one group, then 1)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--ops", ops_list, "comma list of allgather, allreduce, twoshot, fp8 (default: all), and simulated "
                                     "(by name only: TP = 2 and 4 simulated on one GPU, timed at the TP=1 pass)");
   app.add_option("--json", o.json_path, "write every row (op, variant, protocol, tp, m, bytes/hidden, hc, us_median, baseline, baseline_us, correct) to this file");
@@ -253,9 +256,23 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   bool check_only = false, no_check = false;
-  app.add_flag("--check-only", check_only, "only the checks against the CPU reference");
-  app.add_flag("--no-check", no_check, "skip the checks, only time");
-  app.add_option("--capacity-bytes", o.ag_capacity, "LamportAllGather capacity per rank (default 1 MiB)");
+  CLI::Option* only = app.add_flag("--check-only", check_only, "only the checks against the CPU reference");
+  app.add_flag("--no-check", no_check, "skip the checks, only time")->excludes(only);
+  // The op's own check (a positive multiple of 16, at most 2^35), before any GPU is looked for.
+  app.add_option("--capacity-bytes", o.ag_capacity, "LamportAllGather capacity per rank (default 1 MiB)")
+      ->check([](const std::string& v) -> std::string {
+        size_t used = 0;
+        try {
+          const long long bytes = std::stoll(v, &used);
+          if (used != v.size()) return "expected an integer, got '" + v + "'";
+          mhccl::check_all_gather_config(bytes);
+        } catch (const mhccl::Error& e) {
+          return e.what();
+        } catch (const std::exception&) {
+          return "expected an integer, got '" + v + "'";
+        }
+        return {};
+      });
   app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--repeats", o.repeats, "timed repeats; the median is reported (default 11)")
@@ -305,6 +322,16 @@ int main(int argc, char** argv) {
     o.tps.push_back(gpus);
     if (gpus > 1) o.tps.push_back(1);
   }
+  for (int tp : o.tps) {  // a TP asked for that cannot run: refused, not skipped into a PASS
+    if (tp > gpus) {
+      std::fprintf(stderr, "mhccl-bench: --tp %d needs %d GPUs, this machine has %d\n", tp, tp, gpus);
+      return 2;
+    }
+  }
+  if (!o.json_path.empty() && !std::ofstream(o.json_path, std::ios::app)) {  // before the run, not after it
+    std::fprintf(stderr, "mhccl-bench: --json %s: cannot write there\n", o.json_path.c_str());
+    return 2;
+  }
   json meta;
   const std::string machine = mhccl::bench::machine_json(meta);
   std::time_t now = std::time(nullptr);
@@ -317,10 +344,6 @@ int main(int argc, char** argv) {
   std::vector<json> rows;
   int rc = 0;
   for (int tp : o.tps) {
-    if (tp < 1 || tp > gpus) {
-      std::printf("mhccl-bench: TP=%d needs %d GPUs, found %d: skipped\n", tp, tp, gpus);
-      continue;
-    }
     char path[] = "/tmp/mhccl-bench-rows-XXXXXX";
     const int fd = mkstemp(path);
     if (fd >= 0) close(fd);
@@ -345,8 +368,15 @@ int main(int argc, char** argv) {
   if (!o.json_path.empty()) {
     json doc{{"machine", meta}, {"date", date}, {"command", command},
              {"commit", commit ? commit : "unknown"}, {"rows", rows}};
-    std::ofstream(o.json_path) << doc.dump(1) << "\n";
-    std::printf("\nwrote %zu rows to %s\n", rows.size(), o.json_path.c_str());
+    std::ofstream f(o.json_path);
+    f << doc.dump(1) << "\n";
+    f.close();
+    if (f) {
+      std::printf("\nwrote %zu rows to %s\n", rows.size(), o.json_path.c_str());
+    } else {
+      std::printf("\nmhccl-bench: could not write %s\n", o.json_path.c_str());
+      rc = 2;
+    }
   }
   std::printf("%s\n", rc == 0 ? "mhccl-bench: all checks PASSED" : "mhccl-bench: FAILED");
   return rc;
