@@ -9,7 +9,8 @@
 #                     nanobind, which scripts/install-deps.sh installs), and python-mypy (mypy
 #                     --strict over the built package and python/tests/typing_public_api.py)
 #   torch tests       python/tests/test_torch_*cpu.py (need PyTorch: scripts/install-deps.sh --torch)
-#   Tool tests        the contributors' tools (bench/ab_table.py; need a Python interpreter)
+#   Tool tests        the tools: bench/ab_table.py and ab-trees.sh (need Python, bash, git), and
+#                     mhccl-bench / mhccl-tune refusing bad options before they look for a GPU
 # Arguments go to ctest (e.g. -R cpu). The summary is also written to ${BUILD_DIR:-build}/test-summary.txt.
 # Exit code: ctest's (skipped suites do not fail it; the summary names them).
 set -euo pipefail
@@ -102,7 +103,7 @@ C++ CPU tests|^(cpu|library-without-iostreams)
 GPU tests|^(gpu_|python_gpu$)
 Python CPU tests|^(python_cpu|python-mypy|python-extension-without-iostreams)$
 torch tests|^python_torch$
-Tool tests|^bench-
+Tool tests|^(bench|tune)-
 SUITES
 }
 echo

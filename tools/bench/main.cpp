@@ -311,6 +311,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!o.json_path.empty() && !mhccl::launch::can_write_file(o.json_path)) {  // before the run, not after it
+    std::fprintf(stderr, "mhccl-bench: --json %s: cannot write there\n", o.json_path.c_str());
+    return 2;
+  }
   const mhccl::detail::DeviceCount devices = mhccl::detail::cuda_device_count();
   const int gpus = devices.count;
   if (gpus == 0) {
@@ -327,10 +331,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mhccl-bench: --tp %d needs %d GPUs, this machine has %d\n", tp, tp, gpus);
       return 2;
     }
-  }
-  if (!o.json_path.empty() && !std::ofstream(o.json_path, std::ios::app)) {  // before the run, not after it
-    std::fprintf(stderr, "mhccl-bench: --json %s: cannot write there\n", o.json_path.c_str());
-    return 2;
   }
   json meta;
   const std::string machine = mhccl::bench::machine_json(meta);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace mhccl::launch {
@@ -225,6 +226,15 @@ Result run(const Options& opts) {
     for (int c : res.rank_codes) if (c != 0 && c != 77) { res.exit_code = c; break; }
   }
   return res;
+}
+
+bool can_write_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(path, ec)) return fs::is_regular_file(path, ec) && static_cast<bool>(std::ofstream(path, std::ios::app));
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  return fs::is_directory(dir, ec) && access(dir.c_str(), W_OK) == 0;
 }
 
 }  // namespace mhccl::launch

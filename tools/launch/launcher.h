@@ -31,4 +31,9 @@ struct Result {
 // Runs opts.nprocs copies of opts.argv and waits for them.
 Result run(const Options& opts);
 
+// Whether the tools (mhccl-bench --json, mhccl-tune --out) can write `path`, asked before a run
+// of minutes rather than found after it: an existing file opened for appending, else a folder
+// this process may write in. Creates nothing.
+bool can_write_file(const std::string& path);
+
 }  // namespace mhccl::launch

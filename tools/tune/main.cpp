@@ -172,12 +172,13 @@ int main(int argc, char** argv) {
   CLI::App app{"mhccl-tune: times every AllReduceMHC path that can serve each M on this machine's GPUs (one\n"
                "group of every local GPU; one GPU: TP=1 through its own mailbox) and writes a tuning table of\n"
                "thresholds and launch shapes (docs/TUNING.md). --verify: the deployment self-test."};
-  app.add_option("--tp", tp, "ranks of the group (default: every local GPU)");
+  app.add_option("--tp", tp, "ranks of the group (default: every local GPU)")->check(CLI::Range(1, 1024));
   app.add_option("--hidden", o.hidden, "H (default 5120)");
   app.add_option("--hc", o.hc, "hc (default 4)");
   app.add_option("--top-k", o.top_k, "top_k of finalize (default 6)");
   app.add_option("--variants", variants, "comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 (default: all H allows)");
-  app.add_option("--max-rows,--max-m", o.max_rows, "the largest M swept, the ops' capacity (default 8192; --quick 1024)");
+  app.add_option("--max-rows,--max-m", o.max_rows, "the largest M swept, the ops' capacity (default 8192; --quick 1024)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_flag("--quick", o.quick, "powers of two to 1024 rows, fewer repeats, fewer launch shapes");
   app.add_flag("--allow-nccl", o.allow_nccl,
                "let the table choose the NCCL path where faster (opt-in: NCCL waits for a dead peer without a budget)");
@@ -187,8 +188,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-compare", no_compare,
                "do not time the chosen entry's automatic choice against the defaults' again after the sweep");
   app.add_option("--out", out, "the table to write (default ./mhccl-tuning.json; entries of other keys in it are kept)");
-  app.add_option("--repeats", o.repeats, "timed repeats, the median is taken (default 11; --quick 5)");
-  app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20; --quick 10)");
+  app.add_option("--repeats", o.repeats, "timed repeats, the median is taken (default 11; --quick 5)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20; --quick 10)")
+      ->check(CLI::Range(1, 100000));
   app.add_flag("--verify", o.verify, "the self-test: every path and variant at a few M against the CPU reference, "
                                      "the ranks' bits against each other; exit 1 with the reason on a failure");
   app.add_option("--verify-ms", verify_ms, "--verify: comma list of M (default 1,7,97,300)");
@@ -209,10 +212,21 @@ int main(int argc, char** argv) {
     std::stringstream ss(*list);
     for (std::string item; std::getline(ss, item, ',');) {
       if (item.empty()) continue;
-      if (dst == 0) {
-        o.variants.push_back(item);
+      if (dst == 0) {  // each once: the table takes one entry a key
+        if (std::find(o.variants.begin(), o.variants.end(), item) == o.variants.end()) o.variants.push_back(item);
       } else {
-        o.verify_ms.push_back(std::atoll(item.c_str()));
+        size_t used = 0;
+        long long m = 0;
+        try {
+          m = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != item.size() || m < 1 || m > (1LL << 24)) {
+          std::fprintf(stderr, "mhccl-tune: --verify-ms: expected rows from 1 to 2^24, got '%s'\n", item.c_str());
+          return 2;
+        }
+        o.verify_ms.push_back(m);
       }
     }
   }
@@ -232,6 +246,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mhccl-tune worker failed: %s\n", e.what());
       return 3;
     }
+  }
+  if (!o.verify && !mhccl::launch::can_write_file(out)) {  // before the sweep (minutes), not after it
+    std::fprintf(stderr, "mhccl-tune: --out %s: cannot write there\n", out.c_str());
+    return 2;
   }
   const mhccl::detail::DeviceCount devices = mhccl::detail::cuda_device_count();
   if (devices.count == 0) {
@@ -295,7 +313,13 @@ int main(int argc, char** argv) {
   }
   mhccl::tune::print_summary(entries);
   const json table = mhccl::tune::merged_table(out, entries, o, date);
-  std::ofstream(out) << table.dump(1) << "\n";
+  std::ofstream file(out);
+  file << table.dump(1) << "\n";
+  file.close();
+  if (!file) {
+    std::fprintf(stderr, "mhccl-tune: could not write the table to %s\n", out.c_str());
+    return 2;
+  }
   std::printf("\nmhccl-tune: wrote the table %s (%zu entries) in %.1f s; use it with AllReduceMHCConfig::tuning_file, "
               "tuning_file= (Python) or MHCCL_TUNING_FILE=%s\n",
               out.c_str(), entries.size(), seconds, out.c_str());
