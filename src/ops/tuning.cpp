@@ -100,6 +100,19 @@ struct Reader {
 Entry read_entry(const Reader& r, const json& e, size_t i) {
   const std::string where = "entries[" + std::to_string(i) + "]";
   if (!e.is_object()) bad(r.path, where, "expected an object, got " + type_name(e));
+  // The same for the entry's own members (a misspelt "lanch" was ignored, its shapes with it,
+  // and the entry used: a review, 2026-12-05): what the loader reads, what mhccl-tune writes
+  // beside it (docs/TUNING.md), and free text.
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    static const char* const kEntryMembers[] = {"key",      "mhccl", "provenance", "source", "thresholds",
+                                                "launch",   "timings", "defaults", "score", "gain",
+                                                "launch_timings", "guard", "note"};
+    if (std::find(std::begin(kEntryMembers), std::end(kEntryMembers), it.key()) == std::end(kEntryMembers)) {
+      bad(r.path, where + "." + it.key(),
+          "unknown entry member (key, mhccl, provenance, source, thresholds, launch; mhccl-tune's timings, "
+          "defaults, score, gain, launch_timings, guard; note)");
+    }
+  }
   Entry out;
   out.index = i;
   const json& key = r.member(e, "key", where);
@@ -232,6 +245,11 @@ Table parse_table(const std::string& text, const std::string& path) {
     }
     return true;
   };
+  // A NUL byte ends the text for the parser (what followed it was never read: a review,
+  // 2026-12-05); no JSON holds one outside a string, where it is written \u0000.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    bad(path, place_of(text, nul), "not valid JSON (a NUL byte)");
+  }
   try {
     doc = json::parse(text, note_names);
   } catch (const json::parse_error& e) {
@@ -248,6 +266,12 @@ Table parse_table(const std::string& text, const std::string& path) {
   }
   const Reader r{path};
   if (!doc.is_object()) bad(path, "the document", "expected a JSON object, got " + type_name(doc));
+  for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt member, as in entries
+    static const char* const kDocMembers[] = {"schema_version", "generator", "created", "command", "note", "entries"};
+    if (std::find(std::begin(kDocMembers), std::end(kDocMembers), it.key()) == std::end(kDocMembers)) {
+      bad(path, it.key(), "unknown member of the document (schema_version, generator, created, command, note, entries)");
+    }
+  }
   Table t;
   t.path = path;
   t.schema_version = static_cast<int>(r.integer(r.member(doc, "schema_version", "the document"), "schema_version", 1, 1 << 30));
@@ -304,8 +328,12 @@ Table load_table(const std::string& path) {
   std::string text;
   bool read = f != nullptr;
   if (f != nullptr) {
+    // At most one byte beyond the limit: a file whose size says 0 may never end
+    // (/proc/self/pagemap; a review, 2026-12-05), as a device does.
     char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    for (size_t n; text.size() <= static_cast<size_t>(kMaxTableBytes) && (n = std::fread(buf, 1, sizeof buf, f)) > 0;) {
+      text.append(buf, n);
+    }
     read = std::ferror(f) == 0;
     why = errno;  // EISDIR for a directory
     std::fclose(f);
@@ -313,6 +341,11 @@ Table load_table(const std::string& path) {
   if (!read) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tuning table " + path + ": cannot be read (" + std::strerror(why) + "; " + where + ")");
+  }
+  if (text.size() > static_cast<size_t>(kMaxTableBytes)) {
+    throw Error(ErrorCode::kInvalidArgument, "tuning table " + path + ": larger than " +
+                                                 std::to_string(kMaxTableBytes >> 20) + " MiB (" + where +
+                                                 "; a table mhccl-tune writes is a few KiB)");
   }
   return parse_table(text, path);
 }

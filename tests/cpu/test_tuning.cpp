@@ -258,6 +258,17 @@ TEST(TuningParse, HostileTablesAreErrorsNamingTheFile) {
                    {"entries[1].key", "the same key as entries[0]", "major.minor: 2.28"});
   EXPECT_EQ(tuning::parse_table(table_json({entry_json(2, good, "plain", "2.28.3"), entry_json(2, good, "plain", "2.30.1")}),
                                 "t.json").entries.size(), 2u);
+  // The second adversarial review (2026-12-05): a misspelt member of an entry or of the
+  // document was ignored (the entry used without the launch shapes meant), and a NUL byte
+  // ended the text for the parser.
+  expect_bad_table(table_json({entry_json(2, good, "plain", "2.28.3", R"("lanch": {"publisher_ctas": 100000}, )")}),
+                   {"entries[0].lanch", "unknown entry member"});
+  expect_bad_table(R"({"schema_version": 1, "entries": [], "entrys": 5})", {"entrys", "unknown member of the document"});
+  expect_bad_table(std::string(R"({"schema_version": 1, "entries": []})") + '\0' + "junk", {"not valid JSON (a NUL byte)"});
+  // What mhccl-tune writes beside the fields the loader reads is no error.
+  EXPECT_EQ(tuning::parse_table(table_json({entry_json(2, good, "plain", "2.28.3",
+                                                       R"("defaults": {}, "score": {}, "gain": [], "launch_timings": [], "guard": "g", "note": "n", )")}),
+                                "t.json").entries.size(), 1u);
 }
 
 TEST(TuningParse, UnreadableFileNamesIt) {
@@ -291,6 +302,13 @@ TEST(TuningParse, OnlyARegularFileOfAFewMiBIsRead) {
   const auto [bcode, bmsg] = error_of([&] { tuning::load_table(big); });
   EXPECT_NE(bmsg.find("larger than 16 MiB (16777217 bytes)"), std::string::npos) << bmsg;
   std::remove(big.c_str());
+  // A regular file whose size says 0 and whose text never ends: read to the limit only.
+  if (FILE* f = std::fopen("/proc/self/pagemap", "rb")) {
+    std::fclose(f);
+    const auto [pcode, pmsg] = error_of([] { tuning::load_table("/proc/self/pagemap"); });
+    EXPECT_EQ(pcode, ErrorCode::kInvalidArgument);
+    EXPECT_NE(pmsg.find("larger than 16 MiB"), std::string::npos) << pmsg;
+  }
   const auto [ncode, nmsg] = error_of([] { tuning::load_table(std::string("/tmp/a.json\0.json", 17)); });
   EXPECT_EQ(ncode, ErrorCode::kInvalidArgument);
   EXPECT_NE(nmsg.find("the path holds a NUL character"), std::string::npos) << nmsg;
