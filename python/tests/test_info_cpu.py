@@ -88,4 +88,5 @@ def test_the_no_device_error_says_why(report):
 
     with pytest.raises(RuntimeError) as e:
         _mhccl.Communicator(bytes(128), 0, 1, 0)
-    assert str(e.value) == f"Communicator: no CUDA device ({why})"
+    assert str(e.value) == (f"Communicator: no CUDA device ({why}): mhccl needs an NVIDIA GPU (sm_90+) "
+                            "with a driver; python -m mhccl.info or mhccl-bench --info says more")

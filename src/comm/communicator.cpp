@@ -911,7 +911,9 @@ Communicator::Communicator(const ncclUniqueId& id, int rank, int tp, int device,
   }
   const detail::DeviceCount devices = detail::cuda_device_count();
   if (devices.count == 0) {
-    throw Error(ErrorCode::kNoDevice, "Communicator: no CUDA device (" + devices.why_none + ")");
+    throw Error(ErrorCode::kNoDevice, "Communicator: no CUDA device (" + devices.why_none +
+                                          "): mhccl needs an NVIDIA GPU (sm_90+) with a driver; "
+                                          "python -m mhccl.info or mhccl-bench --info says more");
   }
   if (device < 0 || device >= devices.count) {
     throw Error(ErrorCode::kInvalidArgument, "device: expected 0.." + std::to_string(devices.count - 1) +

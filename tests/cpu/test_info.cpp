@@ -83,7 +83,9 @@ TEST(NoDevice, TheCommunicatorSaysWhyInCudasWords) {
     FAIL() << "expected Error(kNoDevice)";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kNoDevice);
-    EXPECT_EQ(std::string(e.what()), "Communicator: no CUDA device (" + why + ")");
+    EXPECT_EQ(std::string(e.what()), "Communicator: no CUDA device (" + why +
+                                         "): mhccl needs an NVIDIA GPU (sm_90+) with a driver; "
+                                         "python -m mhccl.info or mhccl-bench --info says more");
   }
 }
 
