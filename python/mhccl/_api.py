@@ -712,7 +712,13 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
     # that call went out and pairs with its peers', so it is not counted as rejected). Under the
     # communicator's call lock, so that only this call moves them (_CALL_LOCKS); the C++ op
     # serializes a communicator's calls anyway, and a thread waiting here releases the GIL.
-    with _call_lock(comm):
+    lock = _call_lock(comm)
+    try:
+        lock.acquire()
+    except BaseException:  # an interrupt while another thread's call held it: this one never went out
+        comm.note_rejected_call(_rejection_stream(op))
+        raise
+    try:
         before = (comm.rejected_calls, comm.launched_calls)
         try:
             return fn(*args, **kwargs)
@@ -720,6 +726,8 @@ def _counting_rejections(op: Any, fn: Callable[..., _T], *args: Any, **kwargs: A
             if (comm.rejected_calls, comm.launched_calls) == before:
                 comm.note_rejected_call(_rejection_stream(op))
             raise
+    finally:
+        lock.release()
 
 
 def _note_rejected_while_compiled(op: Any, comm: Any) -> None:

@@ -1,5 +1,7 @@
 // The local launcher: environment of each rank, exit codes, killing the group on a failure or
 // at the deadline.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -104,13 +106,68 @@ TEST(Launcher, DeadlineKillsEveryRank) {
 // wait for its end of file (30 s here; for ever with `sleep infinity`), deadline or none.
 TEST(Launcher, OutputHeldByALeftBehindProcessIsNotWaitedFor) {
   if (std::system("command -v setsid > /dev/null 2>&1") != 0) GTEST_SKIP() << "no setsid on this machine";
-  for (const double deadline : {0.0, 1.0}) {
+  const std::string pids = ::testing::TempDir() + "/mhccl-launcher-left-behind.pids";
+  std::remove(pids.c_str());
+  // Each left-behind process writes its pid, so that the test ends them.
+  const std::string leave = "setsid sh -c 'echo $$ >> " + pids + "; exec sleep 30' & ";
+  struct Case {
+    std::string script;
+    double deadline;
+    int code;
+  };
+  // The deadline passes while ranks run (124), or only after every rank exited (no timeout).
+  for (const Case& k : {Case{leave + "exit 0", 0.0, 0}, Case{leave + "exec sleep 60", 1.0, 124},
+                        Case{"sleep 1; " + leave + "exit 0", 2.0, 0}}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Result r = run_sh(2, deadline > 0 ? "setsid sleep 30 & exec sleep 60" : "setsid sleep 30 & exit 0", deadline);
+    const Result r = run_sh(2, k.script, k.deadline);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_EQ(r.exit_code, deadline > 0 ? 124 : 0) << "deadline " << deadline;
-    EXPECT_LT(s, deadline > 0 ? 15.0 : 10.0) << "deadline " << deadline;
+    EXPECT_EQ(r.exit_code, k.code) << k.script << ", deadline " << k.deadline;
+    EXPECT_LT(s, 15.0) << k.script;
   }
+  EXPECT_EQ(std::system(("kill $(cat " + pids + ") 2> /dev/null").c_str()), 0) << "the left-behind processes' pids";
+  std::remove(pids.c_str());
+}
+
+// Every line a rank wrote before it exited arrives, however slowly the launcher's own stdout is
+// read (the rank exits with 64 KiB still in its pipe, which takes longer than the 2 s after its
+// exit to pass through), and a process it left in its own process group is stopped, not waited
+// for (its "late" never comes).
+TEST(Launcher, AnExitedRanksOutputArrivesWhole) {
+  if (std::system("python3 -c pass > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 on this machine";
+  const std::string out = ::testing::TempDir() + "/mhccl-launcher-slow-stdout.txt";
+  // Our stdout (where run() forwards the ranks' lines) into a reader of 1 KiB every 60 ms.
+  const std::string slow_reader =
+      "python3 -c 'import sys, time\nwhile True:\n b = sys.stdin.buffer.read(1024)\n if not b: break\n"
+      " sys.stdout.buffer.write(b); sys.stdout.flush(); time.sleep(0.06)' > " + out;
+  std::fflush(stdout);
+  const int saved = dup(1);
+  std::FILE* reader = popen(slow_reader.c_str(), "w");
+  ASSERT_NE(reader, nullptr);
+  dup2(fileno(reader), 1);
+  Options o;
+  o.nprocs = 1;
+  o.prefix_output = false;
+  o.argv = {"/bin/sh", "-c", "seq 1 20000; (sleep 30; echo late) & exit 0"};
+  const Result r = run(o);
+  std::fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  EXPECT_EQ(pclose(reader), 0);
+  EXPECT_EQ(r.exit_code, 0);
+  std::FILE* f = std::fopen(out.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  int lines = 0, last = 0;
+  bool late = false;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, f) != nullptr) {
+    if (std::sscanf(buf, "%d", &last) == 1) ++lines;
+    late = late || std::strstr(buf, "late") != nullptr;
+  }
+  std::fclose(f);
+  std::remove(out.c_str());
+  EXPECT_EQ(lines, 20000);
+  EXPECT_EQ(last, 20000);
+  EXPECT_FALSE(late);
 }
 
 TEST(Launcher, AllSkippedIsSkipped) {

@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
       ->check([](const std::string& v) -> std::string {
         size_t used = 0;
         try {
-          const long long bytes = std::stoll(v, &used);
+          const long long bytes = std::stoll(v, &used, 0);  // 0x100000 too, as CLI11 reads it
           if (used != v.size()) return "expected an integer, got '" + v + "'";
           mhccl::check_all_gather_config(bytes);
         } catch (const mhccl::Error& e) {

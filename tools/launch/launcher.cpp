@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 namespace mhccl::launch {
@@ -122,7 +121,9 @@ Result run(const Options& opts) {
   // Once every rank exited, its output pipe is read for at most kDrainS more: a process a rank
   // left behind in a session of its own (`setsid cmd &`) keeps the pipe open beyond the reach of
   // killpg, and waiting for its end of file outlived the deadline (30 s of its sleep, or for ever;
-  // a review, 2026-12-05).
+  // a review, 2026-12-05). Then what the pipe holds is read without waiting (everything a rank
+  // wrote before it exited is there, however slow our own stdout was), the rest of the ranks'
+  // group is stopped, and the pipe closed.
   constexpr double kDrainS = 2.0;
   bool all_exited = false;
   auto all_exited_at = clock::now();
@@ -185,13 +186,29 @@ Result run(const Options& opts) {
       all_exited_at = clock::now();
     }
     if (all_exited && std::chrono::duration<double>(clock::now() - all_exited_at).count() > kDrainS) {
+      killpg(group, SIGKILL);  // what the ranks left in their group (out of it: not reachable)
       for (int r = 0; r < n; ++r) {
         Child& c = children[r];
         if (c.fd < 0) continue;
+        fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK);
+        bool ended = false;
+        for (size_t taken = 0; taken < (size_t{64} << 20);) {  // a bound, should a writer never stop
+          char buf[8192];
+          const ssize_t got = read(c.fd, buf, sizeof buf);
+          if (got <= 0) {
+            ended = got == 0;
+            break;
+          }
+          taken += static_cast<size_t>(got);
+          c.pending.append(buf, static_cast<size_t>(got));
+          flush_lines(c, r, opts.prefix_output, false);
+        }
         flush_lines(c, r, opts.prefix_output, true);
-        std::fprintf(stdout, "mhccl-launch: rank %d exited, but a process it left behind still holds its output "
-                     "open: not waiting for it\n", r);
-        std::fflush(stdout);
+        if (!ended) {
+          std::fprintf(stdout, "mhccl-launch: rank %d exited, but a process it left behind still holds its output "
+                       "open: not waiting for it\n", r);
+          std::fflush(stdout);
+        }
         close(c.fd);
         c.fd = -1;
       }
@@ -202,7 +219,7 @@ Result run(const Options& opts) {
       kill_group(failure.c_str());
     }
     const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
-    if (opts.timeout_s > 0 && elapsed > opts.timeout_s && !killing) {
+    if (opts.timeout_s > 0 && elapsed > opts.timeout_s && !killing && !all_exited) {  // exited in time: no timeout
       res.timed_out = true;
       kill_group(("deadline of " + std::to_string(static_cast<int>(opts.timeout_s)) + " s passed").c_str());
     }
@@ -231,7 +248,8 @@ Result run(const Options& opts) {
 bool can_write_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::exists(path, ec)) return fs::is_regular_file(path, ec) && static_cast<bool>(std::ofstream(path, std::ios::app));
+  // An existing path: anything but a folder that this process may write (a file, /dev/stdout, a pipe).
+  if (fs::exists(path, ec)) return !fs::is_directory(path, ec) && access(path.c_str(), W_OK) == 0;
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   return fs::is_directory(dir, ec) && access(dir.c_str(), W_OK) == 0;

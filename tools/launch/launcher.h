@@ -32,8 +32,8 @@ struct Result {
 Result run(const Options& opts);
 
 // Whether the tools (mhccl-bench --json, mhccl-tune --out) can write `path`, asked before a run
-// of minutes rather than found after it: an existing file opened for appending, else a folder
-// this process may write in. Creates nothing.
+// of minutes rather than found after it: an existing path that is no folder and that this
+// process may write (a file, /dev/stdout, a pipe), else a folder it may write in. Creates nothing.
 bool can_write_file(const std::string& path);
 
 }  // namespace mhccl::launch
