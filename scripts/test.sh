@@ -86,7 +86,8 @@ summary() {
     [ -n "$reasons" ] && first_reason=$(awk 'NF {n[$0]++; if (!($0 in at)) at[$0] = NR}
       END {for (r in n) if (n[r] > best || (n[r] == best && at[r] < first)) {best = n[r]; first = at[r]; w = r}; print w}' <<< "$reasons")
     # Said once, on the suite's line: its tests that skipped for it say so in two words.
-    [ -n "$first_reason" ] && lines=${lines//": $first_reason"/": as above"}
+    # (Whole reasons only: the text up to the line's end, so that a longer reason it begins stays.)
+    [ -n "$first_reason" ] && lines=${lines//": $first_reason"$'\n'/": as above"$'\n'}
     if ((failed)); then
       echo "  $suite: FAILED"
     elif ((ran && skipped)); then
