@@ -169,7 +169,7 @@ if [[ " $stages " == *" profile "* ]]; then
   # ncu runs kernels one at a time: what PDL overlaps is not measured, each kernel's own stalls are.
   # PROFILE_NAME_BASE=demangled: PROFILE_KERNEL is matched against the demangled name with its
   # template arguments, to pick one instantiation, e.g. the direct call's streaming consumer at
-  # hc = 4, plain: PROFILE_KERNEL='streaming_kernel<4, [^,]*Input.1, [^,]*Variant.0,'
+  # hc = 4, plain: PROFILE_KERNEL='streaming_kernel<.int.4, [^,]*Input.1, [^,]*Variant.0,'
   # (with PROFILE_BENCH_ARGS="--tp 1 --ops allreduce --rows 1024 --no-check --calls-per-graph 1 --repeats 1").
   pk=${PROFILE_KERNEL:-mhc_consumer_kernel}
   sections=()
