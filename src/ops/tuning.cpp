@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <vector>
@@ -33,6 +34,17 @@ using json = nlohmann::json;
 }
 
 std::string type_name(const json& v) { return v.is_null() ? "null" : v.type_name(); }
+
+// Refuses a member of object `o` not among `names` (a misspelt one would otherwise be ignored):
+// bad() at `where`.member (the member alone where `where` is empty) with `what`.
+void only_members(const std::string& path, const json& o, const std::string& where,
+                  std::initializer_list<const char*> names, const std::string& what) {
+  for (auto it = o.begin(); it != o.end(); ++it) {
+    if (std::find(names.begin(), names.end(), it.key()) == names.end()) {
+      bad(path, where.empty() ? it.key() : where + "." + it.key(), what);
+    }
+  }
+}
 
 // A wrong value as an error message shows it: a scalar as JSON (a string cut at 64 bytes), an
 // array or object by its size. Never the whole value: its serializer recurses (a deeply nested
@@ -100,19 +112,14 @@ struct Reader {
 Entry read_entry(const Reader& r, const json& e, size_t i) {
   const std::string where = "entries[" + std::to_string(i) + "]";
   if (!e.is_object()) bad(r.path, where, "expected an object, got " + type_name(e));
-  // The same for the entry's own members (a misspelt "lanch" was ignored, its shapes with it,
-  // and the entry used: a review, 2026-12-05): what the loader reads, what mhccl-tune writes
-  // beside it (docs/TUNING.md), and free text.
-  for (auto it = e.begin(); it != e.end(); ++it) {
-    static const char* const kEntryMembers[] = {"key",      "mhccl", "provenance", "source", "thresholds",
-                                                "launch",   "timings", "defaults", "score", "gain",
-                                                "launch_timings", "guard", "note"};
-    if (std::find(std::begin(kEntryMembers), std::end(kEntryMembers), it.key()) == std::end(kEntryMembers)) {
-      bad(r.path, where + "." + it.key(),
-          "unknown entry member (key, mhccl, provenance, source, thresholds, launch; mhccl-tune's timings, "
-          "defaults, score, gain, launch_timings, guard; note)");
-    }
-  }
+  // The entry's members (a misspelt "lanch" was ignored, its shapes with it, and the entry used:
+  // a review, 2026-12-05): what the loader reads, what mhccl-tune writes beside it
+  // (docs/TUNING.md), and free text.
+  only_members(r.path, e, where,
+               {"key", "mhccl", "provenance", "source", "thresholds", "launch", "timings", "defaults", "score", "gain",
+                "launch_timings", "guard", "note"},
+               "unknown entry member (key, mhccl, provenance, source, thresholds, launch; mhccl-tune's timings, "
+               "defaults, score, gain, launch_timings, guard; note)");
   Entry out;
   out.index = i;
   const json& key = r.member(e, "key", where);
@@ -120,12 +127,8 @@ Entry read_entry(const Reader& r, const json& e, size_t i) {
   const std::string kw = where + ".key";
   // A member the key does not have (a misspelt "topk", "Hidden") would otherwise be ignored, and
   // the entry match every value of the member meant.
-  for (auto it = key.begin(); it != key.end(); ++it) {
-    static const char* const kKeyMembers[] = {"gpu", "sms", "p2p", "nccl", "tp", "hidden", "hc", "variant", "top_k"};
-    if (std::find(std::begin(kKeyMembers), std::end(kKeyMembers), it.key()) == std::end(kKeyMembers)) {
-      bad(r.path, kw + "." + it.key(), "unknown key member (gpu, sms, p2p, nccl, tp, hidden, hc, variant, top_k)");
-    }
-  }
+  only_members(r.path, key, kw, {"gpu", "sms", "p2p", "nccl", "tp", "hidden", "hc", "variant", "top_k"},
+               "unknown key member (gpu, sms, p2p, nccl, tp, hidden, hc, variant, top_k)");
   auto str = [&](const json& v, const std::string& w) { return r.string(v, w); };
   auto num = [&](int64_t lo, int64_t hi) {
     return [&r, lo, hi](const json& v, const std::string& w) { return r.integer(v, w, lo, hi); };
@@ -266,12 +269,8 @@ Table parse_table(const std::string& text, const std::string& path) {
   }
   const Reader r{path};
   if (!doc.is_object()) bad(path, "the document", "expected a JSON object, got " + type_name(doc));
-  for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt member, as in entries
-    static const char* const kDocMembers[] = {"schema_version", "generator", "created", "command", "note", "entries"};
-    if (std::find(std::begin(kDocMembers), std::end(kDocMembers), it.key()) == std::end(kDocMembers)) {
-      bad(path, it.key(), "unknown member of the document (schema_version, generator, created, command, note, entries)");
-    }
-  }
+  only_members(path, doc, "", {"schema_version", "generator", "created", "command", "note", "entries"},
+               "unknown member of the document (schema_version, generator, created, command, note, entries)");
   Table t;
   t.path = path;
   t.schema_version = static_cast<int>(r.integer(r.member(doc, "schema_version", "the document"), "schema_version", 1, 1 << 30));

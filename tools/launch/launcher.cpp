@@ -135,6 +135,24 @@ Result run(const Options& opts) {
     std::fflush(stdout);
     killpg(group, SIGTERM);
   };
+  // One read of rank r's pipe, its whole lines forwarded: the bytes read, 0 at the pipe's end,
+  // -1 where nothing was there (O_NONBLOCK) or on an error.
+  auto read_some = [&](int r) -> ssize_t {
+    Child& c = children[r];
+    char buf[8192];
+    const ssize_t got = read(c.fd, buf, sizeof buf);
+    if (got > 0) {
+      c.pending.append(buf, static_cast<size_t>(got));
+      flush_lines(c, r, opts.prefix_output, false);
+    }
+    return got;
+  };
+  auto close_pipe = [&](int r) {  // its last, unterminated line forwarded too
+    Child& c = children[r];
+    flush_lines(c, r, opts.prefix_output, true);
+    close(c.fd);
+    c.fd = -1;
+  };
   for (;;) {
     std::vector<pollfd> pfds;
     std::vector<int> owner;
@@ -144,19 +162,9 @@ Result run(const Options& opts) {
     if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
     for (size_t i = 0; i < pfds.size(); ++i) {
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Child& c = children[owner[i]];
-      char buf[8192];
-      const ssize_t got = read(c.fd, buf, sizeof buf);
-      if (got > 0) {
-        c.pending.append(buf, static_cast<size_t>(got));
-        flush_lines(c, owner[i], opts.prefix_output, false);
-      } else {
-        flush_lines(c, owner[i], opts.prefix_output, true);
-        close(c.fd);
-        c.fd = -1;
-      }
+      if (read_some(owner[i]) <= 0) close_pipe(owner[i]);
     }
-    bool all_done = true;
+    bool all_done = true, exited = true;
     for (int r = 0; r < n; ++r) {
       Child& c = children[r];
       if (!c.exited) {
@@ -176,11 +184,10 @@ Result run(const Options& opts) {
           }
         }
       }
+      exited = exited && c.exited;
       all_done = all_done && c.exited && c.fd < 0;
     }
     if (all_done) break;
-    bool exited = true;
-    for (int r = 0; r < n; ++r) exited = exited && children[r].exited;
     if (exited && !all_exited) {
       all_exited = true;
       all_exited_at = clock::now();
@@ -191,26 +198,15 @@ Result run(const Options& opts) {
         Child& c = children[r];
         if (c.fd < 0) continue;
         fcntl(c.fd, F_SETFL, fcntl(c.fd, F_GETFL) | O_NONBLOCK);
-        bool ended = false;
-        for (size_t taken = 0; taken < (size_t{64} << 20);) {  // a bound, should a writer never stop
-          char buf[8192];
-          const ssize_t got = read(c.fd, buf, sizeof buf);
-          if (got <= 0) {
-            ended = got == 0;
-            break;
-          }
-          taken += static_cast<size_t>(got);
-          c.pending.append(buf, static_cast<size_t>(got));
-          flush_lines(c, r, opts.prefix_output, false);
-        }
-        flush_lines(c, r, opts.prefix_output, true);
-        if (!ended) {
+        // At most 64 MiB, should a writer never stop.
+        ssize_t got = 1;
+        for (size_t taken = 0; taken < (size_t{64} << 20) && (got = read_some(r)) > 0;) taken += static_cast<size_t>(got);
+        close_pipe(r);
+        if (got != 0) {  // not the pipe's end
           std::fprintf(stdout, "mhccl-launch: rank %d exited, but a process it left behind still holds its output "
                        "open: not waiting for it\n", r);
           std::fflush(stdout);
         }
-        close(c.fd);
-        c.fd = -1;
       }
       break;
     }
