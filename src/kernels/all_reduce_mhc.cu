@@ -429,7 +429,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerCta) owner_reduce_kernel(const O
   if (p.wait_predecessor) pdl_wait();
   // Before the consumer may start (and end the call); without griddepcontrol.wait: relaxed loads.
   __shared__ StateBox state_box;
-  const Generation g = p.wait_predecessor ? read_generation(p.state, p.err) : read_generation_cta(p.state, p.err, state_box);
+  const Generation g = p.wait_predecessor                             ? read_generation(p.state, p.err)
+                       : !kLoop && gridDim.x <= kWarpStateMaxCtas ? read_generation_warp(p.state, p.err)
+                                                                   : read_generation_cta(p.state, p.err, state_box);
   pdl_launch_dependents();
   const int64_t row = rp.row * p.tp + p.rank;
   // Warp 0 of CTA 0 checks the call's headers (owner_headers) with its first owned row (j = 0,

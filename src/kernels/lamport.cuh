@@ -459,6 +459,22 @@ __device__ __forceinline__ uint4 identity_pack(const CallIdentity& id, const Gen
 // 54 us a call in the Lamport floor and 39 us in the two-shot call at M = 4096 (TP=1 self-test),
 // against cached loads.
 using StateBox = uint32_t[4];
+// The same loads by every warp itself (a warp's loads of one address are one request), with no
+// CTA barrier: no warp waits for thread 0's round trip and the shared memory's before its first
+// poll. For small grids only (kWarpStateMaxCtas: M <= 64 at hc = 4): the two-shot's owners of a
+// CTA a row (the consumers keep read_generation_cta: a warp each, the one-shot finalize's was
+// slower, 2026-12-05).
+constexpr unsigned kWarpStateMaxCtas = 96;
+__device__ __forceinline__ Generation read_generation_warp(const LamportState* s, const ErrorSink& e) {
+  Generation g;
+  g.current = ld_relaxed_gpu(&s->generation);
+  g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
+  const uint2 w = ld_relaxed_gpu_pair(e.fault);
+  g.fault = w.x;
+  g.rejected = w.y;
+  g.previous = (g.current + kGenerations - 1) % kGenerations;
+  return g;
+}
 __device__ __forceinline__ Generation read_generation(const LamportState* s, const ErrorSink& e) {
   Generation g;
   g.current = s->generation;
