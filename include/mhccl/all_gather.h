@@ -18,8 +18,9 @@ class Communicator;
 // sent, for every dtype: a pack holding the sentinel word 0x80000000 (FP32 -0.0, int32
 // INT32_MIN, UE8M0 bytes [2^-127 x 3, 2^1]) or the marker 0x80000001 travels encoded with an
 // escape word (docs/PROTOCOL.md, I1); one without them costs nothing more. Each CTA's call
-// header carries the call's identity (the size, the rank's rejected count): ranks gathering
-// different sizes, or whose calls no longer pair, get Error(kDivergence) (I19). TP=1 is a device
+// header carries the call's identity (the size, a digest of the input's dtype and shape, the
+// rank's rejected count): ranks gathering different sizes, as many bytes of another dtype or
+// shape, or whose calls no longer pair, get Error(kDivergence) (I19). TP=1 is a device
 // copy; the NCCL fallback an ncclAllGather of the bytes as they are.
 class LamportAllGather {
  public:

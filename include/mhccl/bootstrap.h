@@ -22,8 +22,11 @@ struct RankEnvironment {
 RankEnvironment rank_environment();
 
 // Rank 0 makes an NCCL unique id and writes it to env.unique_id_file (atomically: write, then
-// rename); the other ranks wait for that file up to timeout_ms. The path must be fresh for each
-// job (mhccl-launch makes one); a single rank needs no file.
+// rename); the other ranks wait for that file up to timeout_ms (a process start, CUDA's and
+// NCCL's initialisation included: longer than a call's wait budget). The path must be fresh for
+// each job (mhccl-launch makes one); a single rank needs no file. Throws Error(kPeerTimeout)
+// naming rank 0 when the file does not come within timeout_ms, Error(kInvalidArgument) when rank
+// 0 cannot write it.
 ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms = 120000);
 
 }  // namespace mhccl

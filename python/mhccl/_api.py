@@ -481,6 +481,23 @@ def _options_args(wait_timeout_ms: Any, watchdog: Any, force_nccl_fallback: Any
             _bool_arg("force_nccl_fallback", force_nccl_fallback))
 
 
+def _config_error(tp: int, check: Callable[[], None]) -> Optional[Error]:
+    """Runs a constructor's configuration check (the C++ one). At TP=1 its error is raised at
+    once, before anything is built. At TP > 1 it is returned instead, for the constructor to
+    raise after the collective construction: the peers wait for this rank in the configuration
+    agreement, so a rank that raised alone before it (its value unlike theirs) would leave them
+    to wait out their budget and abort the group's communicator. Given the same values, the C++
+    constructor raises this error after the agreement, and the peers raise naming the field that
+    differs; the communicator stays usable (SPEC: a mismatch raises on every rank, never a hang)."""
+    try:
+        check()
+    except Error as e:
+        if tp <= 1:
+            raise
+        return e
+    return None
+
+
 # One communicator per (group, device, options), shared by every op built with them and kept
 # until forget_communicator: its rejected-call count and its unusable state are theirs in
 # common. Whether a construction finds it or builds a new one (a collective) has to be the same
@@ -521,13 +538,28 @@ def _new_communicator(layout: Tuple[Any, int, int], device: int, wait_timeout_ms
                             watchdog=watchdog, force_nccl_fallback=force_nccl_fallback)
 
 
+_DEFAULT_WAIT_TIMEOUT_MS = 30000  # CommunicatorOptions::wait_timeout_ms's default
+
+
+def _budget_key(wait_timeout_ms: Optional[int]) -> Any:
+    """The wait budget a communicator built with ``wait_timeout_ms`` gets, as a _COMMUNICATORS
+    key: None and 30000 are one budget, and so is every value while ``MHCCL_WAIT_TIMEOUT_MS`` is
+    set (it wins over them). Keyed as given, a rank that passed None for one op and 30000 for
+    the next built a second communicator, a collective its peers did not join (a review,
+    2026-12-05)."""
+    env = os.environ.get("MHCCL_WAIT_TIMEOUT_MS")
+    if env is not None:
+        return ("MHCCL_WAIT_TIMEOUT_MS", env)
+    return _DEFAULT_WAIT_TIMEOUT_MS if wait_timeout_ms is None else wait_timeout_ms
+
+
 def _communicator(group: Any, device: int, wait_timeout_ms: Optional[int] = None,
                   watchdog: bool = True, force_nccl_fallback: bool = False) -> Any:
     """The group's communicator for these options: the cached one (_COMMUNICATORS), else a new
     one (_new_communicator: collective), kept. Ops of other options get a communicator of their
     own (every rank passes the same options, so every rank builds it)."""
     layout = _group_layout(group)
-    key = (_group_id(layout[0]), device, wait_timeout_ms, watchdog, force_nccl_fallback)
+    key = (_group_id(layout[0]), device, _budget_key(wait_timeout_ms), watchdog, force_nccl_fallback)
     entry = _COMMUNICATORS.get(key)
     if entry is not None:
         return entry[0]
@@ -851,7 +883,10 @@ class AllReduceMHC:
     Raises:
         ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
         InvalidArgumentError, UnsupportedError: (ValueErrors) a limit above is broken, checked
-            before anything is built and before any collective step.
+            before anything is built. At TP > 1 the rank still takes part in the construction's
+            configuration agreement first, so that every rank raises (its peers naming the field
+            whose value differs) and the group's communicator stays usable; a wrong Python type,
+            or a value outside the C++ type's range, is raised at once.
         NoDeviceError: no CUDA device (or the compiled extension cannot be loaded here).
         CudaError, NcclError: a CUDA or NCCL failure.
         PeerTimeoutError: a rank did not join the construction within the budget.
@@ -886,8 +921,9 @@ class AllReduceMHC:
         options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
         _, tp, _ = _group_layout(group)
-        lib.check_config(hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input,
-                         residual_only, tp, *thresholds, **fp8)
+        local_error = _config_error(tp, lambda: lib.check_config(
+            hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input, residual_only, tp,
+            *thresholds, **fp8))
         self.hidden_size = hidden_size
         self.hc_mult = hc_mult
         self.capacity = max_num_tokens
@@ -901,6 +937,8 @@ class AllReduceMHC:
         self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
                                     quantize_layer_input, residual_only, *thresholds, **fp8,
                                     tuning_file=_str_arg("tuning_file", tuning_file))
+        if local_error is not None:  # the C++ constructor raises it after the agreement
+            raise local_error
         # Where the thresholds came from: the tuning table's entry, or the built-in defaults.
         self.tuning_source: str = self._op.tuning_source
         # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
@@ -1262,12 +1300,15 @@ class LamportAllGather:
         rank_capacity_bytes = _int_arg("rank_capacity_bytes", rank_capacity_bytes)
         options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
-        lib.check_all_gather_config(rank_capacity_bytes)  # before the collective construction
+        _, tp, _ = _group_layout(group)
+        local_error = _config_error(tp, lambda: lib.check_all_gather_config(rank_capacity_bytes))
         self.rank_capacity_bytes = rank_capacity_bytes
         self._device = _device_index(device)
         self._comm = _communicator(group, self._device, *options)
         self.world_size = self._comm.tp
         self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
+        if local_error is not None:  # the C++ constructor raises it after the agreement
+            raise local_error
         _ops.ensure_registered()
         self._handle = _ops.register_instance(self)
 

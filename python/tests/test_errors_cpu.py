@@ -7,6 +7,7 @@ import copy
 import pickle
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -171,6 +172,91 @@ def test_cpp_config_checks_arrive_as_their_class(kwargs, cls, code):
     with pytest.raises(mhccl.Error) as info:
         mhccl.AllReduceMHC(**args)
     assert type(info.value) is cls and info.value.code == code
+
+
+class _Collective(Exception):
+    """Stands for the collective construction (the communicator, the C++ op's agreement)."""
+
+
+@pytest.fixture
+def tp2_collective(monkeypatch):
+    """This process as rank 1 of a group of 2, whose collective construction raises _Collective
+    where a constructor reaches it."""
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+
+    def collective(*args, **kwargs):
+        raise _Collective()
+    monkeypatch.setattr(_api, "_communicator", collective)
+
+
+@pytest.mark.parametrize("kwargs", [dict(hidden_size=5121), dict(hc_mult=3), dict(top_k=0),
+                                    dict(max_num_tokens=0)])
+def test_a_config_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collective, kwargs):
+    """A rank whose value breaks a limit, its peers' not, takes part in the configuration
+    agreement (the C++ constructor raises there, on every rank, the peers naming the field) rather
+    than raising alone before it, which left its peers to wait out their budget and abort the
+    group's communicator (a review, 2026-12-05). Fails where the check raises before the
+    collective."""
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(_Collective):
+        mhccl.AllReduceMHC(**args)
+
+
+def test_an_all_gather_capacity_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collective):
+    with pytest.raises(_Collective):
+        mhccl.LamportAllGather(rank_capacity_bytes=4097, device=0)
+
+
+def test_a_config_refused_is_raised_after_the_collective_construction(monkeypatch):
+    """Where the collective construction returned (it raises the same error after the
+    agreement), the error of the rank's own check is raised: never an op built on a refused
+    configuration."""
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+    monkeypatch.setattr(_api, "_communicator", lambda *args, **kwargs: types.SimpleNamespace(tp=2))
+    real = _api._lib()
+
+    class Lib:
+        check_config = staticmethod(real.check_config)
+        check_all_gather_config = staticmethod(real.check_all_gather_config)
+
+        @staticmethod
+        def AllReduceMHC(*args, **kwargs):
+            raise AssertionError("not reached: the op is built after the check's error")
+
+        @staticmethod
+        def LamportAllGather(*args, **kwargs):
+            return object()
+    monkeypatch.setattr(_api, "_lib", lambda: Lib)
+    with pytest.raises(mhccl.InvalidArgumentError, match="rank_capacity_bytes"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4097, device=0)
+
+
+def test_a_config_refused_at_tp1_is_raised_before_anything_is_built(monkeypatch):
+    def collective(*args, **kwargs):
+        raise AssertionError("the constructor went on to build")
+    monkeypatch.setattr(_api, "_communicator", collective)
+    with pytest.raises(mhccl.InvalidArgumentError):
+        mhccl.AllReduceMHC(hidden_size=5121, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    with pytest.raises(mhccl.InvalidArgumentError):
+        mhccl.LamportAllGather(rank_capacity_bytes=4097, device=0)
+
+
+def test_one_wait_budget_is_one_communicator(monkeypatch):
+    """None and 30000 are the same budget, and so is every value while MHCCL_WAIT_TIMEOUT_MS is
+    set: one communicator, not a second collective construction the peers do not make."""
+    built = []
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 1, 0))
+    monkeypatch.setattr(_api, "_new_communicator", lambda *args: built.append(args) or object())
+    monkeypatch.setattr(_api, "_COMMUNICATORS", {})
+    monkeypatch.delenv("MHCCL_WAIT_TIMEOUT_MS", raising=False)
+    first = _api._communicator(None, 0, None)
+    assert _api._communicator(None, 0, 30000) is first
+    assert _api._communicator(None, 0, 5000) is not first
+    monkeypatch.setenv("MHCCL_WAIT_TIMEOUT_MS", "7000")
+    env = _api._communicator(None, 0, None)
+    assert _api._communicator(None, 0, 30000) is env and _api._communicator(None, 0, 5000) is env
+    assert len(built) == 3
 
 
 # --- the communicator options of the constructors ---------------------------------------------

@@ -83,8 +83,12 @@ ncclUniqueId share_unique_id(const RankEnvironment& env, int timeout_ms) {
       if (got) return id;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(ErrorCode::kInvalidArgument, "MHCCL_UNIQUE_ID_FILE: rank 0 wrote no id to " +
-                                                   path + " within " + std::to_string(timeout_ms) + " ms");
+      // A peer that never arrived (rank 0 died, or never started): kPeerTimeout naming it, as
+      // every other wait on a peer that gives up.
+      throw Error(ErrorCode::kPeerTimeout,
+                  "MHCCL_UNIQUE_ID_FILE: rank 0 wrote no id to " + path + " within " + std::to_string(timeout_ms) +
+                      " ms (rank 0 died, never started, or was given another path)",
+                  ErrorContext{0, -1, "share_unique_id"});
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

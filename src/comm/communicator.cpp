@@ -63,7 +63,9 @@ std::string identity_text(const kernels::CallIdentity& id) {
   std::string t = op_label(op);
   t += std::string(" ") + protocol_label(kernels::identity_protocol(id));
   if (op == kernels::kOpAllGather) {
-    t += ", " + std::to_string(kernels::identity_size(id) * 16) + " bytes a rank";
+    char digest[48];
+    std::snprintf(digest, sizeof(digest), " (dtype and shape digest 0x%05x)", kernels::identity_layout(id));
+    t += ", " + std::to_string(kernels::identity_size(id) * 16) + " bytes a rank" + digest;
   } else {
     t += std::string(" ") + variant_label(kernels::identity_variant(id)) + ", M=" + std::to_string(kernels::identity_size(id));
   }
@@ -98,6 +100,9 @@ std::string divergence_message(int rank, int peer, const std::string& where, con
   } else if (kernels::identity_size(mine) != kernels::identity_size(theirs)) {
     why = kernels::identity_op(mine) == kernels::kOpAllGather ? "the ranks gathered different sizes at the same call"
                                                                : "the ranks called with different M at the same call";
+  } else if (kernels::identity_op(mine) == kernels::kOpAllGather &&
+             kernels::identity_layout(mine) != kernels::identity_layout(theirs)) {
+    why = "the ranks gathered as many bytes of another dtype or shape at the same call";
   } else if (kernels::identity_variant(mine) != kernels::identity_variant(theirs)) {
     why = "the ranks asked for different outputs (variants) at the same call";
   } else if (kernels::identity_op_serial(mine) != kernels::identity_op_serial(theirs)) {
@@ -658,10 +663,15 @@ void Communicator::Impl::require_device_memory(const std::string& what, uint64_t
 void Communicator::Impl::check(bool report_routes) {
   if (unusable) throw Error(ErrorCode::kUnusable, unusable_reason, unusable_context);
   volatile kernels::ErrorRecord* r = record + kernels::kTimeoutRecord;
-  // A divergence this rank's kernels recorded comes before the watchdog's timeout: on the NCCL
-  // fallback a divergence can leave a later call with no partner, whose stuck operation the
-  // watchdog then ends (PROTOCOL.md I19); the divergence is the cause to report.
-  if (r->ready != r->epoch + 1 || r->code != kernels::kDivergence) check_fallback();
+  // What this rank's kernels recorded comes before the watchdog's timeout: a divergence, a
+  // peer's fault (a timeout or a divergence, with the rank that raised it) or a Lamport wait that
+  // gave up (naming the rank it waited for). On the NCCL fallback such a fault can leave a later
+  // call with no partner, whose stuck operation the watchdog then ends (PROTOCOL.md I19); the
+  // record names the cause and the rank, the watchdog's timeout neither. The one record an abort
+  // itself leaves, the fallback's identity not delivered (kWaitTimeout of kProtoNccl), comes
+  // after the watchdog's timeout, the cause of its empty slot.
+  const bool recorded = r->ready == r->epoch + 1;
+  if (!recorded || (r->code == kernels::kWaitTimeout && r->protocol == kernels::kProtoNccl)) check_fallback();
   // A timeout first (fatal), then, for check_errors() only, a route report.
   if (r->ready != r->epoch + 1) {
     if (!report_routes) return;  // route reports are left for check_errors()

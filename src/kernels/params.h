@@ -45,7 +45,9 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 // first pack, before it (an all-gather: one a CTA). 8 lanes of 16 bits, each with its top bit clear, so that no
 // lane is the BF16 sentinel (0x8000) and no word the all-gather's (0x80000000):
 //   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
-//   lanes 1-3: the size, 15 bits a lane (45 bits)
+//           | the all-gather's layout digest, its low 6 bits, << 9
+//   lanes 1-3: the size, 15 bits a lane (45 bits); the all-gather's size in packs takes 31 of
+//           them (rank_capacity_bytes <= 2^35), lane 3's bits 1-14 the layout digest's high 14
 //   lanes 4-5: the rejected count modulo 2^30
 //   lane 6: 0, but on the NCCL fallback: the op's serial number modulo 2^15 (with_op_serial)
 //   lane 7: kIdentityMagic (a written header is never all zeros)
@@ -85,6 +87,20 @@ MHCCL_HD constexpr CallIdentity with_op_serial(CallIdentity id, uint32_t serial)
   id.w[3] = (id.w[3] & 0xFFFF0000u) | identity_lane(serial, 0);
   return id;
 }
+// The all-gather's layout digest (with_layout): 20 bits of a hash of the input's dtype and shape,
+// beside its exact size. Ranks that gather as many bytes of another dtype or shape (f32 [4, 8]
+// against bf16 [2, 32]) would otherwise pair, each reading the others' bytes as its own dtype;
+// with it they find a divergence but where two layouts' digests collide (2^-20 for a pair).
+constexpr int kAllGatherSizeBits = 31;  // packs of rank_capacity_bytes <= 2^35
+constexpr uint32_t kLayoutDigestBits = 20;
+MHCCL_HD constexpr CallIdentity with_layout(CallIdentity id, uint32_t digest) {
+  id.w[0] = (id.w[0] & ~(0x3Fu << 9)) | ((digest & 0x3Fu) << 9);
+  id.w[1] = (id.w[1] & ~(0x3FFFu << 17)) | (((digest >> 6) & 0x3FFFu) << 17);
+  return id;
+}
+MHCCL_HD constexpr uint32_t identity_layout(const CallIdentity& id) {
+  return ((id.w[0] >> 9) & 0x3Fu) | (((id.w[1] >> 17) & 0x3FFFu) << 6);
+}
 // The fields back (for error messages and tests).
 MHCCL_HD constexpr uint32_t identity_op_serial(const CallIdentity& id) { return id.w[3] & 0x7FFFu; }
 MHCCL_HD constexpr uint32_t identity_op(const CallIdentity& id) { return id.w[0] & 3u; }
@@ -94,8 +110,9 @@ MHCCL_HD constexpr uint32_t identity_generation(const CallIdentity& id) {
   return (id.w[0] >> kIdentityGenerationShift) & 3u;
 }
 MHCCL_HD constexpr uint64_t identity_size(const CallIdentity& id) {
-  return static_cast<uint64_t>(id.w[0] >> 16) | (static_cast<uint64_t>(id.w[1] & 0x7FFFu) << 15) |
-         (static_cast<uint64_t>(id.w[1] >> 16) << 30);
+  const uint64_t size = static_cast<uint64_t>(id.w[0] >> 16) | (static_cast<uint64_t>(id.w[1] & 0x7FFFu) << 15) |
+                        (static_cast<uint64_t>(id.w[1] >> 16) << 30);
+  return identity_op(id) == kOpAllGather ? size & ((uint64_t{1} << kAllGatherSizeBits) - 1) : size;
 }
 MHCCL_HD constexpr uint32_t identity_rejected(const CallIdentity& id) { return (id.w[2] & 0x7FFFu) | ((id.w[2] >> 16) << 15); }
 MHCCL_HD constexpr bool identity_equal(const CallIdentity& a, const CallIdentity& b) {

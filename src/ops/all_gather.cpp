@@ -151,7 +151,9 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
       // The call's identity is exchanged and checked with it (PROTOCOL.md I19), between the
       // watchdog's progress counts (NCCL's wait has no budget of its own).
       const kernels::CallIdentity id = kernels::with_op_serial(
-          kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0, static_cast<uint64_t>(bytes / 16)),
+          kernels::with_layout(kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoNccl, 0,
+                                                           static_cast<uint64_t>(bytes / 16)),
+                               all_gather_layout_digest(in)),
           im.op_serial);
       c.fallback_call("LamportAllGather", c.sink(kernels::kOpAllGather), id, im.fallback_ids,
                       [&] { return ncclAllGather(src, dst, static_cast<size_t>(bytes), ncclUint8, c.comm, stream); },
@@ -167,10 +169,11 @@ void LamportAllGather::call(const DLTensor& in, const DLTensor& out, cudaStream_
     p.capacity_packs = im.capacity / 16;
     p.state = im.state;
     p.err = c.sink(kernels::kOpAllGather);
-    // This rank's identity of the call (PROTOCOL.md, I19): the size in packs (the kernel adds the
-    // generation and the rejected count).
-    p.id = kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoAllGather, 0,
-                                       static_cast<uint64_t>(p.packs));
+    // This rank's identity of the call (PROTOCOL.md, I19): the size in packs and the digest of
+    // the input's dtype and shape (the kernel adds the generation and the rejected count).
+    p.id = kernels::with_layout(
+        kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoAllGather, 0, static_cast<uint64_t>(p.packs)),
+        all_gather_layout_digest(in));
     p.packs_per_cta = im.packs_per_cta;
     if (c.tp > 1) {
       for (int k = 0; k < c.tp; ++k) p.mailboxes[k] = im.mailbox->peer((c.rank + k) % c.tp);

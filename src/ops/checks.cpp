@@ -608,6 +608,22 @@ void check_all_gather_config(int64_t cap) {
   }
 }
 
+uint32_t all_gather_layout_digest(const DLTensor& in) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits, over 64-bit words
+  const auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFFu;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(in.dtype.code);
+  mix(in.dtype.bits);
+  mix(in.dtype.lanes);
+  mix(static_cast<uint64_t>(in.ndim));
+  for (int i = 0; i < in.ndim && in.shape != nullptr; ++i) mix(static_cast<uint64_t>(in.shape[i]));
+  return static_cast<uint32_t>((h ^ (h >> 20) ^ (h >> 40)) & ((1u << 20) - 1));
+}
+
 bool all_gather_accepts(int64_t cap, const DLTensor& in) {
   if (in.ndim < 1 || in.ndim > 16 || in.shape == nullptr) return false;
   int64_t n = 1;

@@ -12,6 +12,7 @@
 
 #include "comm/communicator_impl.h"
 #include "kernels/params.h"
+#include "mhccl/checks.h"
 
 namespace mhccl {
 namespace {
@@ -32,7 +33,9 @@ TEST(CallIdentity, FieldsRoundTripAndNoLaneIsASentinel) {
   std::mt19937_64 rng(5);
   for (int i = 0; i < 100000; ++i) {
     const uint32_t op = 1 + rng() % 3, proto = 1 + rng() % 4, variant = rng() % 4, gen = rng() % 3;
-    const uint64_t size = i % 3 == 0 ? rng() % 4097 : rng() & ((uint64_t{1} << 45) - 1);
+    // The all-gather's size (packs) has 31 bits (kAllGatherSizeBits), the all-reduce's M 45.
+    const int size_bits = op == kernels::kOpAllGather ? kernels::kAllGatherSizeBits : 45;
+    const uint64_t size = i % 3 == 0 ? rng() % 4097 : rng() & ((uint64_t{1} << size_bits) - 1);
     const uint32_t rejected = static_cast<uint32_t>(i % 5 == 0 ? rng() % 3 : rng() & ((1u << 30) - 1));
     const CallIdentity id = kernels::with_call_state(kernels::make_call_identity(op, proto, variant, size), gen, rejected);
     ASSERT_TRUE(sentinel_free(id)) << i;
@@ -101,6 +104,47 @@ TEST(CallIdentity, FallbackOpSerialRoundTripsAndDiffers) {
     EXPECT_TRUE(kernels::identity_equal(id, kernels::with_op_serial(id, serial))) << i;
   }
   EXPECT_EQ(kernels::identity_op_serial(kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 64)), 0u);
+}
+
+// The all-gather's layout digest (with_layout): 20 bits that round-trip beside a size of 31 bits,
+// keep every lane clear of the sentinels, survive the call state and the fallback's op serial,
+// and make identities differ; the digest of a dtype and shape (all_gather_layout_digest) differs
+// for the layouts of as many bytes that a divergence pairs (a review, 2026-12-05: f32 [4, 8]
+// against bf16 [2, 32] gathered each other's bytes with no error).
+TEST(CallIdentity, AllGatherLayoutDigestRoundTripsAndDiffers) {
+  std::mt19937_64 rng(13);
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t packs = rng() & ((uint64_t{1} << kernels::kAllGatherSizeBits) - 1);
+    const uint32_t digest = static_cast<uint32_t>(rng() & ((1u << kernels::kLayoutDigestBits) - 1));
+    const uint32_t proto = i % 2 ? kernels::kProtoAllGather : kernels::kProtoNccl;
+    CallIdentity id = kernels::with_layout(kernels::make_call_identity(kernels::kOpAllGather, proto, 0, packs), digest);
+    if (proto == kernels::kProtoNccl) id = kernels::with_op_serial(id, static_cast<uint32_t>(rng() % 0x8000u));
+    id = kernels::with_call_state(id, static_cast<uint32_t>(rng() % 3), static_cast<uint32_t>(rng() & ((1u << 30) - 1)));
+    ASSERT_TRUE(sentinel_free(id)) << i;
+    EXPECT_EQ(kernels::identity_size(id), packs) << i;
+    EXPECT_EQ(kernels::identity_layout(id), digest) << i;
+    EXPECT_EQ(kernels::identity_op(id), kernels::kOpAllGather);
+    EXPECT_FALSE(kernels::identity_equal(id, kernels::with_layout(id, digest ^ (1u << (i % 20))))) << i;
+  }
+  // Layouts of the same bytes, as ranks that diverged would pass them.
+  const auto layout = [](uint8_t code, uint8_t bits, std::vector<int64_t> shape) {
+    static std::vector<std::vector<int64_t>> keep;
+    keep.push_back(shape);
+    DLTensor t = {};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.shape = keep.back().data();
+    t.dtype = DLDataType{code, bits, 1};
+    return all_gather_layout_digest(t);
+  };
+  const uint32_t f32_4x8 = layout(kDLFloat, 32, {4, 8});
+  EXPECT_EQ(f32_4x8, layout(kDLFloat, 32, {4, 8}));
+  EXPECT_LT(f32_4x8, 1u << kernels::kLayoutDigestBits);
+  std::set<uint32_t> seen = {f32_4x8};
+  for (const uint32_t other : {layout(kDLBfloat, 16, {2, 32}), layout(kDLFloat, 32, {8, 4}), layout(kDLInt, 32, {4, 8}),
+                               layout(kDLUInt, 32, {4, 8}), layout(kDLFloat, 32, {32}), layout(kDLFloat, 32, {4, 8, 1}),
+                               layout(kDLFloat, 16, {4, 16}), layout(kDLBfloat, 16, {4, 16}), layout(kDLUInt, 8, {128})}) {
+    EXPECT_TRUE(seen.insert(other).second) << other;
+  }
 }
 
 // The call headers of every (generation, writer) lie after the rows, apart from one another and
@@ -189,6 +233,22 @@ TEST(CallIdentity, DivergenceMessageNamesWhatDiffers) {
     EXPECT_NE(msg.find("M=8"), std::string::npos) << msg;
     EXPECT_NE(msg.find("unusable"), std::string::npos) << msg;
   }
+}
+
+// An all-gather's divergence names the size in bytes and the layout digests, and says which differs.
+TEST(CallIdentity, AllGatherDivergenceMessageNamesSizeOrLayout) {
+  const auto id = [](uint64_t packs, uint32_t digest) {
+    return kernels::with_call_state(
+        kernels::with_layout(kernels::make_call_identity(kernels::kOpAllGather, kernels::kProtoAllGather, 0, packs), digest),
+        2, 0);
+  };
+  std::string msg = comm::divergence_message(0, 1, "LamportAllGather (all-gather, call 3)", id(8, 0x12345), id(8, 0x54321));
+  EXPECT_NE(msg.find("another dtype or shape"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("128 bytes a rank (dtype and shape digest 0x12345)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("digest 0x54321"), std::string::npos) << msg;
+  msg = comm::divergence_message(0, 1, "LamportAllGather (all-gather, call 3)", id(8, 0x12345), id(9, 0x12345));
+  EXPECT_NE(msg.find("gathered different sizes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("144 bytes a rank"), std::string::npos) << msg;
 }
 
 // The NCCL fallback's divergences (PROTOCOL.md I19): the op's serial number is named where it

@@ -230,6 +230,39 @@ TEST_F(ErrorRecords, DivergenceReportedBeforeTheWatchdogsTimeout) {
   EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
 }
 
+// A peer's fault (here a divergence another rank found) or this rank's own wait that gave up,
+// recorded, and the watchdog tripped after (a later fallback call with no partner; a graph user
+// sees both at one check_errors()): the record, which names the cause and the rank, is reported.
+TEST_F(ErrorRecords, PeerFaultAndWaitTimeoutReportedBeforeTheWatchdogsTimeout) {
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 1, kernels::fault_word(1, 0, true));
+  im.watchdog_reason = "the NCCL fallback made no progress";
+  im.watchdog_tripped = true;
+  std::optional<Error> e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kDivergence) << e->what();
+  EXPECT_EQ(e->peer(), 1) << e->what();
+  EXPECT_EQ(check_code(false), ErrorCode::kUnusable);
+
+  im.unusable = false;
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, 1, 0);
+  e = thrown_by_check(true);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout) << e->what();
+  EXPECT_EQ(e->peer(), 1) << e->what();
+  EXPECT_NE(std::string(e->what()).find("rank 1"), std::string::npos) << e->what();
+  EXPECT_EQ(std::string(e->what()).find("made no progress"), std::string::npos) << e->what();
+
+  // The record an abort itself leaves (the fallback's identity not delivered) comes after the
+  // watchdog's timeout, its cause.
+  im.unusable = false;
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kWaitTimeout, 1, 0);
+  records[kernels::kTimeoutRecord].protocol = kernels::kProtoNccl;
+  e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout) << e->what();
+  EXPECT_NE(std::string(e->what()).find("made no progress"), std::string::npos) << e->what();
+}
+
 // A divergence another rank found, seen here as its fault: kDivergence naming that rank.
 TEST_F(ErrorRecords, DivergenceFaultOfAnotherRankIsADivergence) {
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 3, kernels::fault_word(3, 0, true));

@@ -80,6 +80,9 @@ TEST(Bootstrap, UniqueIdFileIsReadOrTimesOut) {
     ADD_FAILURE() << "no timeout";
   } catch (const mhccl::Error& e) {
     EXPECT_NE(std::string(e.what()).find("within 50 ms"), std::string::npos) << e.what();
+    // A wait on a peer that never arrived: kPeerTimeout naming rank 0, not a caller's mistake.
+    EXPECT_EQ(e.code(), mhccl::ErrorCode::kPeerTimeout) << e.what();
+    EXPECT_EQ(e.peer(), 0);
   }
   char bytes[128];
   for (int i = 0; i < 128; ++i) bytes[i] = static_cast<char>(i * 7 + 1);

@@ -848,8 +848,9 @@ struct SimAllGather {
     }
     MHCCL_TEST_CUDA(cudaDeviceSynchronize());
   }
-  // Enqueues rank r's all-gather of `bytes` from `in` into `out` on `stream`.
-  void launch(int r, const void* in, void* out, int64_t bytes, cudaStream_t stream) {
+  // Enqueues rank r's all-gather of `bytes` from `in` into `out` on `stream`; `layout`: the
+  // digest of its dtype and shape (all_gather_layout_digest) its identity carries.
+  void launch(int r, const void* in, void* out, int64_t bytes, cudaStream_t stream, uint32_t layout = 0x2A5C3) {
     AllGatherParams p = {};
     p.in = in;
     p.out = out;
@@ -860,7 +861,7 @@ struct SimAllGather {
     p.state = ranks[r].state.as<LamportState>();
     p.err = comm->sinks[r]->sink;
     p.err.op = kOpAllGather;
-    p.id = make_call_identity(kOpAllGather, kProtoAllGather, 0, static_cast<uint64_t>(p.packs));
+    p.id = with_layout(make_call_identity(kOpAllGather, kProtoAllGather, 0, static_cast<uint64_t>(p.packs)), layout);
     for (int k = 0; k < comm->tp; ++k) p.mailboxes[k] = ranks[(r + k) % comm->tp].mailbox.get();
     MHCCL_TEST_CUDA(launch_all_gather(p, stream, true));
   }
@@ -879,21 +880,24 @@ bool all_words(const DeviceBuffer& b, uint32_t word) {
   return std::all_of(h.begin(), h.end(), [&](uint32_t w) { return w == word; });
 }
 
-// All-gathers that diverge: the last rank's call 2 of 6 rejected (or of another size): every
-// rank records an error at that call or the next, every gather before it is right (bit for bit:
-// the inputs hold sentinel and marker words), and nothing hangs.
+// All-gathers that diverge: the last rank's call 2 of 6 rejected (or of another size, or of as
+// many bytes of another dtype or shape: another layout digest, which the identity carries in
+// lane 0 and lane 3 beside the size): every rank records an error at that call or the next,
+// every gather before it is right (bit for bit: the inputs hold sentinel and marker words), and
+// nothing hangs.
 TEST_P(ConcurrentRanks, DivergentAllGathersGetAnError) {
   if (!env().has_gpu) GTEST_SKIP() << "no CUDA device";
   if (env().ranks.rank != 0) GTEST_SKIP() << "runs on one GPU: rank 0 runs it";
   const int tp = GetParam();
   constexpr int64_t kCap = 1 << 16;
   constexpr int kCalls = 6, kAt = 2;
-  for (const bool other_size : {false, true}) {
+  enum class Diverge { kRejected, kOtherSize, kLayoutLane0, kLayoutLane3 };
+  for (const Diverge how : {Diverge::kRejected, Diverge::kOtherSize, Diverge::kLayoutLane0, Diverge::kLayoutLane3}) {
     auto comm = std::make_shared<SimCommunicator>(tp, 10'000'000'000ull);
     SimAllGather ag(comm, kCap);
     std::vector<cudaStream_t> streams(tp);
     for (auto& st : streams) MHCCL_TEST_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    std::mt19937_64 rng(43000 + tp + 10 * other_size);
+    std::mt19937_64 rng(43000 + tp + 10 * static_cast<int>(how));
     // Inputs of every call on every rank, bytes of each.
     std::vector<int64_t> bytes(kCalls);
     std::vector<std::vector<std::vector<uint32_t>>> in(kCalls, std::vector<std::vector<uint32_t>>(tp));
@@ -914,19 +918,26 @@ TEST_P(ConcurrentRanks, DivergentAllGathersGetAnError) {
     for (int r = 0; r < tp; ++r) {
       for (int c = 0; c < kCalls; ++c) {
         int64_t b = bytes[c];
+        uint32_t layout = 0x2A5C3;
         if (r == tp - 1 && c == kAt) {
-          if (!other_size) {
+          if (how == Diverge::kRejected) {
             comm->sinks[r]->count_rejected(streams[r]);
             continue;
           }
-          b = bytes[c] == 16 ? 32 : bytes[c] - 16;
+          if (how == Diverge::kOtherSize) b = bytes[c] == 16 ? 32 : bytes[c] - 16;
+          if (how == Diverge::kLayoutLane0) layout ^= 0x1;      // the digest's low 6 bits: lane 0
+          if (how == Diverge::kLayoutLane3) layout ^= 0x80000;  // its high 14: lane 3
         }
-        ag.launch(r, d_in[c][r].get(), d_out[c][r].get(), b, streams[r]);
+        ag.launch(r, d_in[c][r].get(), d_out[c][r].get(), b, streams[r], layout);
       }
     }
     MHCCL_TEST_CUDA(cudaDeviceSynchronize());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::string what = std::string(other_size ? "another size" : "rejected on one rank") + " tp=" + std::to_string(tp);
+    const std::string what = std::string(how == Diverge::kRejected    ? "rejected on one rank"
+                                         : how == Diverge::kOtherSize ? "another size"
+                                         : how == Diverge::kLayoutLane0 ? "another dtype or shape (lane 0)"
+                                                                        : "another dtype or shape (lane 3)") +
+                             " tp=" + std::to_string(tp);
     EXPECT_LT(secs, 5.0) << what;
     int found = 0;
     for (int r = 0; r < tp; ++r) {
