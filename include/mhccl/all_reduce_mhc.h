@@ -145,7 +145,11 @@ struct MHCEpilogueArgs {
 struct AllReduceMHCCallArgs {
   const DLTensor* x = nullptr;  // [M, H] BF16: this rank's partial sublayer output
   MHCEpilogueArgs epilogue;
-  Protocol protocol = Protocol::kAuto;  // at TP=1 ignored (x read directly), but see lamport_self_test
+  // At TP=1 ignored (x read directly), but see lamport_self_test. Every rank passes the same
+  // protocol for a call: ranks that force different ones (or one forces what kAuto does not
+  // choose on another) publish into different mailboxes, where no identity is compared, and get
+  // Error(kPeerTimeout) once the wait budget ends (an error, not kDivergence; never a value).
+  Protocol protocol = Protocol::kAuto;
 };
 
 struct AllReduceMHCFinalizeArgs {
@@ -154,7 +158,7 @@ struct AllReduceMHCFinalizeArgs {
   const DLTensor* expanded_idx_to_permuted_idx = nullptr;  // [M, top_k] int32, -1 = not here
   const DLTensor* shared_output = nullptr;   // [M, H] BF16 partial shared-expert output
   MHCEpilogueArgs epilogue;
-  Protocol protocol = Protocol::kAuto;
+  Protocol protocol = Protocol::kAuto;  // as AllReduceMHCCallArgs::protocol
 };
 
 // Per call: one-shot (one launch at small and at large M, publish + consumer in between),
