@@ -487,8 +487,9 @@ def _config_error(tp: int, check: Callable[[], None]) -> Optional[Error]:
     raise after the collective construction: the peers wait for this rank in the configuration
     agreement, so a rank that raised alone before it (its value unlike theirs) would leave them
     to wait out their budget and abort the group's communicator. Given the same values, the C++
-    constructor raises this error after the agreement, and the peers raise naming the field that
-    differs; the communicator stays usable (SPEC: a mismatch raises on every rank, never a hang)."""
+    constructor raises this error (naming the field) after the agreement, and the peers raise
+    that another rank's configuration is invalid; the communicator stays usable (SPEC: a
+    mismatch raises on every rank, never a hang)."""
     try:
         check()
     except Error as e:
@@ -884,8 +885,8 @@ class AllReduceMHC:
         ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
         InvalidArgumentError, UnsupportedError: (ValueErrors) a limit above is broken, checked
             before anything is built. At TP > 1 the rank still takes part in the construction's
-            configuration agreement first, so that every rank raises (its peers naming the field
-            whose value differs) and the group's communicator stays usable; a wrong Python type,
+            configuration agreement first, so that every rank raises (its peers that another
+            rank's configuration is invalid) and the group's communicator stays usable; a wrong Python type,
             or a value outside the C++ type's range, is raised at once.
         NoDeviceError: no CUDA device (or the compiled extension cannot be loaded here).
         CudaError, NcclError: a CUDA or NCCL failure.

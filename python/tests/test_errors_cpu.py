@@ -221,13 +221,15 @@ def test_a_config_refused_is_raised_after_the_collective_construction(monkeypatc
         check_all_gather_config = staticmethod(real.check_all_gather_config)
 
         @staticmethod
-        def AllReduceMHC(*args, **kwargs):
-            raise AssertionError("not reached: the op is built after the check's error")
+        def AllReduceMHC(*args, **kwargs):  # as if the C++ constructor had not raised
+            return object()
 
         @staticmethod
         def LamportAllGather(*args, **kwargs):
             return object()
     monkeypatch.setattr(_api, "_lib", lambda: Lib)
+    with pytest.raises(mhccl.InvalidArgumentError, match="hidden_size"):
+        mhccl.AllReduceMHC(hidden_size=5121, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
     with pytest.raises(mhccl.InvalidArgumentError, match="rank_capacity_bytes"):
         mhccl.LamportAllGather(rank_capacity_bytes=4097, device=0)
 

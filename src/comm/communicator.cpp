@@ -637,8 +637,14 @@ kernels::ErrorSink Communicator::Impl::sink(uint32_t op) const {
 void Communicator::Impl::fail(ErrorCode code, const std::string& message, ErrorContext context) {
   unusable = true;
   unusable_reason = message;
+  // A caller's NCCL communicator with an operation stuck past the budget: the watchdog did not
+  // abort it, and its reason, which says so, is the caller's only word of it. Kept beside
+  // whatever error is reported first (a review, 2026-12-05).
+  if (!owns_comm && watchdog_tripped && message != watchdog_reason) {
+    unusable_reason += ". Besides, the NCCL fallback's watchdog tripped: " + watchdog_reason;
+  }
   unusable_context = context;
-  throw Error(code, message, std::move(context));
+  throw Error(code, unusable_reason, std::move(context));
 }
 
 void Communicator::Impl::check_for_construction(const char* what) {

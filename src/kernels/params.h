@@ -31,7 +31,8 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 // What every rank's contribution to a call carries, so that no consumer uses rows of another
 // call: the op (call, finalize, all-gather), the protocol, the consumer variant, the size (M
 // rows; packs a rank for the all-gather), the generation, and how many calls this rank has
-// rejected so far. The host builds the first four (make_call_identity, a launch argument); the
+// rejected so far. The host builds the first four (make_call_identity, a launch argument; the
+// all-gather's also its layout digest, with_layout); the
 // kernels add the generation and the rejected count from device memory as the call runs
 // (with_call_state): the count is this rank's word beside its fault word (ErrorSink::fault),
 // advanced in stream order by every rejected call, so a CUDA graph's replay carries the count
@@ -46,8 +47,9 @@ enum ProtocolKind : uint32_t { kProtoOneShot = 1, kProtoTwoShotOwner = 2, kProto
 // lane is the BF16 sentinel (0x8000) and no word the all-gather's (0x80000000):
 //   lane 0: op (2 bits) | protocol (3) << 2 | variant (2) << 5 | generation (2) << 7
 //           | the all-gather's layout digest, its low 6 bits, << 9
-//   lanes 1-3: the size, 15 bits a lane (45 bits); the all-gather's size in packs takes 31 of
-//           them (rank_capacity_bytes <= 2^35), lane 3's bits 1-14 the layout digest's high 14
+//   lanes 1-3: the size, 15 bits a lane (45 bits); the all-gather's size in packs takes 32 of
+//           them (rank_capacity_bytes <= 2^35: up to 2^31 packs), lane 3's bits 2-14 the layout
+//           digest's high 13
 //   lanes 4-5: the rejected count modulo 2^30
 //   lane 6: 0, but on the NCCL fallback: the op's serial number modulo 2^15 (with_op_serial)
 //   lane 7: kIdentityMagic (a written header is never all zeros)
@@ -87,19 +89,19 @@ MHCCL_HD constexpr CallIdentity with_op_serial(CallIdentity id, uint32_t serial)
   id.w[3] = (id.w[3] & 0xFFFF0000u) | identity_lane(serial, 0);
   return id;
 }
-// The all-gather's layout digest (with_layout): 20 bits of a hash of the input's dtype and shape,
+// The all-gather's layout digest (with_layout): 19 bits of a hash of the input's dtype and shape,
 // beside its exact size. Ranks that gather as many bytes of another dtype or shape (f32 [4, 8]
 // against bf16 [2, 32]) would otherwise pair, each reading the others' bytes as its own dtype;
-// with it they find a divergence but where two layouts' digests collide (2^-20 for a pair).
-constexpr int kAllGatherSizeBits = 31;  // packs of rank_capacity_bytes <= 2^35
-constexpr uint32_t kLayoutDigestBits = 20;
+// with it they find a divergence but where two layouts' digests collide (2^-19 for a pair).
+constexpr int kAllGatherSizeBits = 32;  // packs: rank_capacity_bytes <= 2^35, so up to 2^31 of them
+constexpr uint32_t kLayoutDigestBits = 19;
 MHCCL_HD constexpr CallIdentity with_layout(CallIdentity id, uint32_t digest) {
   id.w[0] = (id.w[0] & ~(0x3Fu << 9)) | ((digest & 0x3Fu) << 9);
-  id.w[1] = (id.w[1] & ~(0x3FFFu << 17)) | (((digest >> 6) & 0x3FFFu) << 17);
+  id.w[1] = (id.w[1] & ~(0x1FFFu << 18)) | (((digest >> 6) & 0x1FFFu) << 18);
   return id;
 }
 MHCCL_HD constexpr uint32_t identity_layout(const CallIdentity& id) {
-  return ((id.w[0] >> 9) & 0x3Fu) | (((id.w[1] >> 17) & 0x3FFFu) << 6);
+  return ((id.w[0] >> 9) & 0x3Fu) | (((id.w[1] >> 18) & 0x1FFFu) << 6);
 }
 // The fields back (for error messages and tests).
 MHCCL_HD constexpr uint32_t identity_op_serial(const CallIdentity& id) { return id.w[3] & 0x7FFFu; }

@@ -621,7 +621,7 @@ uint32_t all_gather_layout_digest(const DLTensor& in) {
   mix(in.dtype.lanes);
   mix(static_cast<uint64_t>(in.ndim));
   for (int i = 0; i < in.ndim && in.shape != nullptr; ++i) mix(static_cast<uint64_t>(in.shape[i]));
-  return static_cast<uint32_t>((h ^ (h >> 20) ^ (h >> 40)) & ((1u << 20) - 1));
+  return static_cast<uint32_t>((h ^ (h >> 19) ^ (h >> 38)) & ((1u << 19) - 1));
 }
 
 bool all_gather_accepts(int64_t cap, const DLTensor& in) {

@@ -33,7 +33,7 @@ TEST(CallIdentity, FieldsRoundTripAndNoLaneIsASentinel) {
   std::mt19937_64 rng(5);
   for (int i = 0; i < 100000; ++i) {
     const uint32_t op = 1 + rng() % 3, proto = 1 + rng() % 4, variant = rng() % 4, gen = rng() % 3;
-    // The all-gather's size (packs) has 31 bits (kAllGatherSizeBits), the all-reduce's M 45.
+    // The all-gather's size (packs) has 32 bits (kAllGatherSizeBits), the all-reduce's M 45.
     const int size_bits = op == kernels::kOpAllGather ? kernels::kAllGatherSizeBits : 45;
     const uint64_t size = i % 3 == 0 ? rng() % 4097 : rng() & ((uint64_t{1} << size_bits) - 1);
     const uint32_t rejected = static_cast<uint32_t>(i % 5 == 0 ? rng() % 3 : rng() & ((1u << 30) - 1));
@@ -106,7 +106,7 @@ TEST(CallIdentity, FallbackOpSerialRoundTripsAndDiffers) {
   EXPECT_EQ(kernels::identity_op_serial(kernels::make_call_identity(kernels::kOpAllReduceCall, kernels::kProtoOneShot, 0, 64)), 0u);
 }
 
-// The all-gather's layout digest (with_layout): 20 bits that round-trip beside a size of 31 bits,
+// The all-gather's layout digest (with_layout): 19 bits that round-trip beside a size of 32 bits,
 // keep every lane clear of the sentinels, survive the call state and the fallback's op serial,
 // and make identities differ; the digest of a dtype and shape (all_gather_layout_digest) differs
 // for the layouts of as many bytes that a divergence pairs (a review, 2026-12-05: f32 [4, 8]
@@ -114,7 +114,8 @@ TEST(CallIdentity, FallbackOpSerialRoundTripsAndDiffers) {
 TEST(CallIdentity, AllGatherLayoutDigestRoundTripsAndDiffers) {
   std::mt19937_64 rng(13);
   for (int i = 0; i < 10000; ++i) {
-    const uint64_t packs = rng() & ((uint64_t{1} << kernels::kAllGatherSizeBits) - 1);
+    // Up to the largest all-gather rank_capacity_bytes allows (2^35 bytes: 2^31 packs).
+    const uint64_t packs = i == 0 ? uint64_t{1} << 31 : 1 + rng() % (uint64_t{1} << 31);
     const uint32_t digest = static_cast<uint32_t>(rng() & ((1u << kernels::kLayoutDigestBits) - 1));
     const uint32_t proto = i % 2 ? kernels::kProtoAllGather : kernels::kProtoNccl;
     CallIdentity id = kernels::with_layout(kernels::make_call_identity(kernels::kOpAllGather, proto, 0, packs), digest);
@@ -124,7 +125,7 @@ TEST(CallIdentity, AllGatherLayoutDigestRoundTripsAndDiffers) {
     EXPECT_EQ(kernels::identity_size(id), packs) << i;
     EXPECT_EQ(kernels::identity_layout(id), digest) << i;
     EXPECT_EQ(kernels::identity_op(id), kernels::kOpAllGather);
-    EXPECT_FALSE(kernels::identity_equal(id, kernels::with_layout(id, digest ^ (1u << (i % 20))))) << i;
+    EXPECT_FALSE(kernels::identity_equal(id, kernels::with_layout(id, digest ^ (1u << (i % 19))))) << i;
   }
   // Layouts of the same bytes, as ranks that diverged would pass them.
   const auto layout = [](uint8_t code, uint8_t bits, std::vector<int64_t> shape) {
@@ -243,6 +244,13 @@ TEST(CallIdentity, AllGatherDivergenceMessageNamesSizeOrLayout) {
         2, 0);
   };
   std::string msg = comm::divergence_message(0, 1, "LamportAllGather (all-gather, call 3)", id(8, 0x12345), id(8, 0x54321));
+  // The largest all-gather (rank_capacity_bytes = 2^35: 2^31 packs) keeps its size (a review,
+  // 2026-12-05: with 31 bits for it, its message said 0 bytes).
+  const uint64_t max_packs = static_cast<uint64_t>(kMaxAllGatherCapacity / 16);
+  EXPECT_NE(comm::divergence_message(0, 1, "LamportAllGather (NCCL fallback, call 0)", id(max_packs, 0x12345),
+                                     id(max_packs, 0x54321))
+                .find("34359738368 bytes a rank"),
+            std::string::npos);
   EXPECT_NE(msg.find("another dtype or shape"), std::string::npos) << msg;
   EXPECT_NE(msg.find("128 bytes a rank (dtype and shape digest 0x12345)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("digest 0x54321"), std::string::npos) << msg;

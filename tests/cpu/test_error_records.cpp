@@ -234,6 +234,7 @@ TEST_F(ErrorRecords, DivergenceReportedBeforeTheWatchdogsTimeout) {
 // recorded, and the watchdog tripped after (a later fallback call with no partner; a graph user
 // sees both at one check_errors()): the record, which names the cause and the rank, is reported.
 TEST_F(ErrorRecords, PeerFaultAndWaitTimeoutReportedBeforeTheWatchdogsTimeout) {
+  im.owns_comm = true;  // the watchdog aborted mhccl's own NCCL communicator (below: a caller's)
   kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 1, kernels::fault_word(1, 0, true));
   im.watchdog_reason = "the NCCL fallback made no progress";
   im.watchdog_tripped = true;
@@ -261,6 +262,21 @@ TEST_F(ErrorRecords, PeerFaultAndWaitTimeoutReportedBeforeTheWatchdogsTimeout) {
   ASSERT_TRUE(e.has_value()) << "no error reported";
   EXPECT_EQ(e->code(), ErrorCode::kPeerTimeout) << e->what();
   EXPECT_NE(std::string(e->what()).find("made no progress"), std::string::npos) << e->what();
+
+  // A caller's NCCL communicator, which the watchdog does not abort: its reason (which tells the
+  // caller to abort it) stays beside the record reported first, and in every later error.
+  im.unusable = false;
+  im.owns_comm = false;
+  im.watchdog_reason = "the NCCL fallback made no progress (it is the caller's: abort it)";
+  kernel_records(records, kernels::kTimeoutRecord, kernels::kPeerFault, 1, kernels::fault_word(1, 0, true));
+  e = thrown_by_check(false);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kDivergence) << e->what();
+  EXPECT_NE(std::string(e->what()).find("abort it"), std::string::npos) << e->what();
+  e = thrown_by_check(true);
+  ASSERT_TRUE(e.has_value()) << "no error reported";
+  EXPECT_EQ(e->code(), ErrorCode::kUnusable) << e->what();
+  EXPECT_NE(std::string(e->what()).find("abort it"), std::string::npos) << e->what();
 }
 
 // A divergence another rank found, seen here as its fault: kDivergence naming that rank.
