@@ -43,13 +43,14 @@ counts() {
   if [ -n "$g" ]; then echo "$g$s"; elif [ -n "$p" ]; then echo "$p"; fi
 }
 # Why test `$1` (or cases of it) skipped: pytest's most frequent reason (its "SKIPPED [n] file:
-# line: why" lines, the largest n; "and other reasons" where there are more), else the first
+# line: why" lines, the largest n; how many other reasons there are, and where they are listed),
+# else the first
 # SKIPPED line of its output, without its prefix. GoogleTest prints a GTEST_SKIP's message on the
 # line after "<file>:<line>: Skipped".
 skip_reason() {
   local o; o=$(output "$1")
   local r; r=$(grep -E 'SKIPPED \[[0-9]+\] [^ ]+: ' <<< "$o" | sed -E 's/.*SKIPPED \[([0-9]+)\] [^ ]+: /\1\t/' |
-    awk -F'\t' '{n[$2] += $1} END {for (w in n) {k++; if (n[w] > best) {best = n[w]; r = w}} if (k > 1) r = r " (and other reasons)"; print r}' || true)
+    awk -F'\t' '{n[$2] += $1} END {for (w in n) {k++; if (n[w] > best) {best = n[w]; r = w}} if (k > 1) {o = k - 1; r = r " (and " o " other reason" (o > 1 ? "s" : "") ": " where ")"}; print r}' where="${log#"$PWD"/}" || true)
   [ -n "$r" ] || r=$(grep -m1 -E 'SKIPPED: ' <<< "$o" | sed -E 's/.*SKIPPED: //' || true)
   [ -n "$r" ] || r=$(grep -m1 -A1 -E ': Skipped$' <<< "$o" | sed -n 2p || true)
   echo "$r"

@@ -119,7 +119,9 @@ class NoDeviceError(Error):
 
 
 class CudaError(Error):
-    """``kCuda``: a CUDA runtime call failed (out of memory, a launch that failed).
+    """``kCuda``: a CUDA runtime call failed (an allocation that failed though the memory was free
+    when checked, a launch that failed; an op whose buffers do not fit the free memory is refused
+    before anything is allocated, as ``InvalidArgumentError``).
 
     What to do: a launch that failed after a call's first kernel went out leaves the communicator
     unusable: destroy the ops and the communicator and build them again. Report it with

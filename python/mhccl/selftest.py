@@ -71,8 +71,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             import torch.distributed as dist
 
             local = int(os.environ.get("LOCAL_RANK", "0"))
-            if torch.cuda.is_available():
-                torch.cuda.set_device(local)
+            if not torch.cuda.is_available():  # else init_process_group("nccl") raises a ValueError (exit 1)
+                raise NoDeviceError("no CUDA device: PyTorch sees none (torch.cuda.is_available() is False), "
+                                    "and the group's NCCL process group needs one a rank")
+            torch.cuda.set_device(local)
             if not dist.is_initialized():
                 dist.init_process_group("nccl")
         ok, _, first = run(group, a.device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,

@@ -92,6 +92,20 @@ def _cuda_devices():
     return 1, ""
 
 
+def test_selftest_under_torchrun_without_a_gpu_says_why():
+    """Under torchrun (WORLD_SIZE > 1) with no GPU: exit 2, "no CUDA device", not the exit 1 of
+    torch's ValueError from init_process_group("nccl") (a new user's trial, 2026-12-05)."""
+    pytest.importorskip("torch")
+    count, _ = _cuda_devices()
+    if count:
+        pytest.skip("a CUDA device is present")
+    env = {k: v for k, v in os.environ.items() if k != "MHCCL_TUNING_FILE"}
+    env.update(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    out = subprocess.run([sys.executable, "-m", "mhccl.selftest"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("mhccl.selftest: ") and "no CUDA device" in out.stderr, out.stderr
+
+
 def test_selftest_without_a_gpu_says_why():
     pytest.importorskip("mhccl._mhccl")
     count, why = _cuda_devices()
