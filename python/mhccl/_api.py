@@ -886,8 +886,8 @@ class AllReduceMHC:
         InvalidArgumentError, UnsupportedError: (ValueErrors) a limit above is broken, checked
             before anything is built. At TP > 1 the rank still takes part in the construction's
             configuration agreement first, so that every rank raises (its peers that another
-            rank's configuration is invalid) and the group's communicator stays usable; a wrong Python type,
-            or a value outside the C++ type's range, is raised at once.
+            rank's configuration is invalid) and the group's communicator stays usable; a wrong
+            Python type, or a value outside the C++ type's range, is raised at once.
         NoDeviceError: no CUDA device (or the compiled extension cannot be loaded here).
         CudaError, NcclError: a CUDA or NCCL failure.
         PeerTimeoutError: a rank did not join the construction within the budget.
