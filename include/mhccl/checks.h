@@ -42,7 +42,8 @@ void check_all_gather_config(int64_t rank_capacity_bytes);
 int64_t tensor_bytes(const DLTensor& t);
 // 0 < bytes <= capacity and bytes % 16 == 0.
 bool all_gather_accepts(int64_t rank_capacity_bytes, const DLTensor& in);
-// 19 bits of a hash (FNV-1a, folded) of `in`'s dtype (code, bits, lanes) and shape: what an
+// 19 bits (kernels::kLayoutDigestBits) of a hash (FNV-1a, folded) of `in`'s dtype (code, bits,
+// lanes) and shape: what an
 // all-gather's call identity carries beside its size, so that ranks gathering as many bytes of
 // another dtype or shape find a divergence (kernels/params.h, with_layout; PROTOCOL.md I19).
 uint32_t all_gather_layout_digest(const DLTensor& in);

@@ -14,6 +14,7 @@
 #include "common/check.h"
 #include "common/debug.h"
 #include "common/devices.h"
+#include "common/hash.h"
 #include "common/nvtx.h"
 #include "common/text.h"
 #include "kernels/launch.h"
@@ -846,13 +847,8 @@ const char* op_kind_name(uint32_t code) { return code >= 1 && code <= 3 ? kOpKin
 }  // namespace
 
 ConfigFields agreement_header(const char* what, const ConfigFields& fields) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the field names, each with its terminator
-  for (const auto& f : fields) {
-    for (const char* c = f.first;; ++c) {
-      h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
-      if (*c == '\0') break;
-    }
-  }
+  uint64_t h = detail::kFnv1aBasis;  // over the field names, each with its terminator
+  for (const auto& f : fields) h = detail::fnv1a(f.first, std::strlen(f.first) + 1, h);
   return {{"op kind", op_kind_code(what)},
           {"field count", static_cast<int64_t>(fields.size())},
           {"field names", static_cast<int64_t>(h >> 1)}};

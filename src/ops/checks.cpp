@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/hash.h"
+#include "kernels/params.h"
 #include "mhccl/error.h"
 #include "mhccl/fp8_groups.h"
 #include "mhccl/mxfp8.h"
@@ -609,19 +611,15 @@ void check_all_gather_config(int64_t cap) {
 }
 
 uint32_t all_gather_layout_digest(const DLTensor& in) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits, over 64-bit words
-  const auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFFu;
-      h *= 0x100000001b3ull;
-    }
-  };
+  uint64_t h = detail::kFnv1aBasis;
+  const auto mix = [&h](uint64_t v) { h = detail::fnv1a(&v, sizeof v, h); };
   mix(in.dtype.code);
   mix(in.dtype.bits);
   mix(in.dtype.lanes);
   mix(static_cast<uint64_t>(in.ndim));
   for (int i = 0; i < in.ndim && in.shape != nullptr; ++i) mix(static_cast<uint64_t>(in.shape[i]));
-  return static_cast<uint32_t>((h ^ (h >> 19) ^ (h >> 38)) & ((1u << 19) - 1));
+  constexpr int kBits = static_cast<int>(kernels::kLayoutDigestBits);  // folded to what the identity carries
+  return static_cast<uint32_t>((h ^ (h >> kBits) ^ (h >> (2 * kBits))) & ((1u << kBits) - 1));
 }
 
 bool all_gather_accepts(int64_t cap, const DLTensor& in) {

@@ -14,6 +14,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "common/hash.h"
+
 namespace mhccl::testing {
 
 inline void cuda_ok(cudaError_t e, const char* what) {
@@ -81,10 +83,6 @@ inline ncclResult_t settle_nccl(ncclComm_t comm, ncclResult_t r) {
   return r;
 }
 
-inline uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
+using mhccl::detail::fnv1a;  // common/hash.h
 
 }  // namespace mhccl::testing
