@@ -368,10 +368,7 @@ int main(int argc, char** argv) {
   if (!o.json_path.empty()) {
     json doc{{"machine", meta}, {"date", date}, {"command", command},
              {"commit", commit ? commit : "unknown"}, {"rows", rows}};
-    std::ofstream f(o.json_path);
-    f << doc.dump(1) << "\n";
-    f.close();
-    if (f) {
+    if (mhccl::launch::write_file(o.json_path, doc.dump(1) + "\n")) {
       std::printf("\nwrote %zu rows to %s\n", rows.size(), o.json_path.c_str());
     } else {
       std::printf("\nmhccl-bench: could not write %s\n", o.json_path.c_str());

@@ -241,6 +241,13 @@ Result run(const Options& opts) {
   return res;
 }
 
+bool write_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return false;
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  return std::fclose(f) == 0 && written;
+}
+
 bool can_write_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

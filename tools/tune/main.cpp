@@ -313,10 +313,7 @@ int main(int argc, char** argv) {
   }
   mhccl::tune::print_summary(entries);
   const json table = mhccl::tune::merged_table(out, entries, o, date);
-  std::ofstream file(out);
-  file << table.dump(1) << "\n";
-  file.close();
-  if (!file) {
+  if (!mhccl::launch::write_file(out, table.dump(1) + "\n")) {
     std::fprintf(stderr, "mhccl-tune: could not write the table to %s\n", out.c_str());
     return 2;
   }
