@@ -469,6 +469,8 @@ __device__ __forceinline__ Generation read_generation_warp(const LamportState* s
   Generation g;
   g.current = ld_relaxed_gpu(&s->generation);
   g.prev_rows = ld_relaxed_gpu(&s->prev_rows);
+  // GPU scope (load_fault_gpu): peers store into the fault word, the state and the count are
+  // this GPU's own; a system-scope load cost more (PERFORMANCE.md).
   const uint2 w = ld_relaxed_gpu_pair(e.fault);
   g.fault = w.x;
   g.rejected = w.y;
@@ -486,14 +488,12 @@ __device__ __forceinline__ Generation read_generation(const LamportState* s, con
   return g;
 }
 __device__ __forceinline__ Generation read_generation_cta(const LamportState* s, const ErrorSink& e, StateBox& box) {
-  if (threadIdx.x == 0) {
-    box[0] = ld_relaxed_gpu(&s->generation);
-    box[1] = ld_relaxed_gpu(&s->prev_rows);
-    // GPU scope (load_fault_gpu): peers store into the fault word, the state and the count are
-    // this GPU's own; a system-scope load cost more (PERFORMANCE.md).
-    const uint2 w = ld_relaxed_gpu_pair(e.fault);
-    box[2] = w.x;
-    box[3] = w.y;
+  if (threadIdx.x == 0) {  // read_generation_warp's loads, by one thread
+    const Generation t = read_generation_warp(s, e);
+    box[0] = t.current;
+    box[1] = t.prev_rows;
+    box[2] = t.fault;
+    box[3] = t.rejected;
   }
   __syncthreads();
   Generation g;
