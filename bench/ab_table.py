@@ -35,8 +35,9 @@ def row_key(row: dict) -> tuple | None:
     op = row["op"].split(".")[-1]
     if row.get("variant") not in (None, "plain"):
         op += " " + row["variant"]
-    tp = row.get("simulated") or row.get("tp", 1)
-    return (op, row.get("protocol", ""), int(row.get("m", 0)), int(tp))
+    # A simulated row ("simulated": true) carries its simulated group's size in "tp" (2 or 4),
+    # though the run's pass was TP=1: a TP = 2 and a TP = 4 row of one case are two rows.
+    return (op, row.get("protocol", ""), int(row.get("m", 0)), int(row.get("tp", 1)))
 
 
 def load(files: list[str]) -> "OrderedDict[str, list[dict]]":

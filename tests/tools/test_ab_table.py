@@ -18,8 +18,11 @@ def bench_json(path, commit, call_us, floor_us):
     for m, us in call_us.items():
         rows.append({"op": "allreduce_mhc.call", "protocol": "one-shot (own mailbox)", "variant": "plain",
                      "m": m, "tp": 1, "us_median": us, "lamport_floor_us": floor_us})
-        rows.append({"op": "allreduce_mhc.finalize", "protocol": "simulated single launch", "variant": "mxfp8",
-                     "m": m, "tp": 1, "simulated": 4, "pdl": True, "us_median": 2 * us})
+        # As mhccl-bench writes a simulated row: "simulated": true, the simulated group's TP in
+        # "tp" (the rows of TP = 2 and 4 of one case were one row until 2026-12-05).
+        for tp in (2, 4):
+            rows.append({"op": "allreduce_mhc.finalize", "protocol": "simulated single launch", "variant": "mxfp8",
+                         "m": m, "tp": tp, "simulated": True, "pdl": True, "us_median": tp * us})
     with open(path, "w") as f:
         json.dump({"commit": commit, "rows": rows}, f)
     return path
@@ -46,7 +49,8 @@ def main():
     assert "| call | one-shot (own mailbox) | 1 | 64 | 10.00 | 11.00 (+1.00, +10.0%) | 0.00 |" in out, out
     assert "| lamport floor |  | 1 | 1 | 2.00 | 1.50 (-0.50, -25.0%) | 0.00 |" in out, out
     # Simulated ranks: the row's TP is the simulated one; a variant other than plain is named.
-    assert "| finalize mxfp8 | simulated single launch | 4 | 1 | 8.20 | 6.00 (-2.20, -26.8%) | 0.40 |" in out, out
+    assert "| finalize mxfp8 | simulated single launch | 2 | 1 | 8.20 | 6.00 (-2.20, -26.8%) | 0.40 |" in out, out
+    assert "| finalize mxfp8 | simulated single launch | 4 | 1 | 16.40 | 12.00 (-4.40, -26.8%) | 0.80 |" in out, out
 
     rc, out = run(["--base", "bbb", "--m", "64", "--op", "call", a1, a2, b1])
     assert rc == 0 and "| call | one-shot (own mailbox) | 1 | 64 | 11.00 | 10.00 (-1.00, -9.1%) | 0.00 |" in out, out
