@@ -11,13 +11,14 @@ the class of their C++ code, with the C++ message.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import operator
 import sys
 import threading
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, SupportsIndex, Tuple, TypeVar,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, SupportsIndex, Tuple,
+                    TypeVar, Union)
 
 from . import _ops
 from ._errors import ArgumentTypeError, Error, InvalidArgumentError, NoDeviceError
@@ -499,6 +500,30 @@ def _config_error(tp: int, check: Callable[[], None]) -> Optional[Error]:
     return None
 
 
+def _held_arg(tp: int, held: List[Error], convert: Callable[[], _T], placeholder: _T) -> _T:
+    """A configuration argument converted (``_int_arg``, ``_bool_arg``, ``_str_arg``). At TP=1
+    its error (a wrong Python type, or a value outside the C++ type's range) is raised at once.
+    At TP > 1 it is held in ``held`` and ``placeholder`` returned instead, so that the rank
+    still takes part in the configuration agreement, as ``_config_error`` lets a value that
+    breaks a limit: its constructor passes a configuration the C++ check refuses, every rank
+    raises there (its peers that another rank's configuration is invalid) and the group's
+    communicator stays usable; the rank itself then raises the held error."""
+    try:
+        return convert()
+    except (ArgumentTypeError, InvalidArgumentError) as e:
+        if tp <= 1:
+            raise
+        held.append(e)
+        return placeholder
+
+
+def _raise_held(held: List[Error], collective_error: Optional[BaseException] = None) -> None:
+    """The first held argument error, where there is one (chained to the collective
+    construction's error, which the refused placeholder configuration caused)."""
+    if held:
+        raise held[0] from collective_error
+
+
 # One communicator per (group, device, options), shared by every op built with them and kept
 # until forget_communicator: its rejected-call count and its unusable state are theirs in
 # common. Whether a construction finds it or builds a new one (a collective) has to be the same
@@ -884,10 +909,12 @@ class AllReduceMHC:
     Raises:
         ArgumentTypeError: (a TypeError) an argument of the wrong Python type, named.
         InvalidArgumentError, UnsupportedError: (ValueErrors) a limit above is broken, checked
-            before anything is built. At TP > 1 the rank still takes part in the construction's
-            configuration agreement first, so that every rank raises (its peers that another
-            rank's configuration is invalid) and the group's communicator stays usable; a wrong
-            Python type, or a value outside the C++ type's range, is raised at once.
+            before anything is built. At TP > 1 a rank whose configuration argument is refused
+            (a limit, a wrong Python type, a value outside the C++ type's range) still takes part
+            in the construction's configuration agreement first, so that every rank raises (its
+            peers that another rank's configuration is invalid) and the group's communicator
+            stays usable. ``device``, ``group`` and the communicator options are checked at
+            once: they choose the communicator the agreement runs on.
         NoDeviceError: no CUDA device (or the compiled extension cannot be loaded here).
         CudaError, NcclError: a CUDA or NCCL failure.
         PeerTimeoutError: a rank did not join the construction within the budget.
@@ -902,26 +929,33 @@ class AllReduceMHC:
                  fp8_ue8m0_scales: bool = False, wait_timeout_ms: Optional[int] = None,
                  watchdog: bool = True, force_nccl_fallback: bool = False,
                  tuning_file: str = "") -> None:
+        _, tp, _ = _group_layout(group)
+        # The configuration's arguments: at TP > 1 a wrong type or a value outside the C++
+        # type's range is held (_held_arg), and the rank agrees on a refused configuration.
+        held: List[Error] = []
         int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
-        hidden_size = _int_arg("hidden_size", hidden_size)
-        hc_mult = _int_arg("hc_mult", hc_mult, **int32)
-        max_num_tokens = _int_arg("max_num_tokens", max_num_tokens)
-        top_k = _int_arg("top_k", top_k, **int32)
-        quantize_layer_input = _bool_arg("quantize_layer_input", quantize_layer_input)
-        residual_only = _bool_arg("residual_only", residual_only)
-        quantize_layer_input_fp8 = _bool_arg("quantize_layer_input_fp8", quantize_layer_input_fp8)
-        fp8_ue8m0_scales = _bool_arg("fp8_ue8m0_scales", fp8_ue8m0_scales)
+        hidden_size = _held_arg(tp, held, lambda: _int_arg("hidden_size", hidden_size), 0)
+        hc_mult = _held_arg(tp, held, lambda: _int_arg("hc_mult", hc_mult, **int32), 4)
+        max_num_tokens = _held_arg(tp, held, lambda: _int_arg("max_num_tokens", max_num_tokens), 1)
+        top_k = _held_arg(tp, held, lambda: _int_arg("top_k", top_k, **int32), 1)
+        quantize_layer_input = _held_arg(
+            tp, held, lambda: _bool_arg("quantize_layer_input", quantize_layer_input), False)
+        residual_only = _held_arg(tp, held, lambda: _bool_arg("residual_only", residual_only), False)
+        quantize_layer_input_fp8 = _held_arg(
+            tp, held, lambda: _bool_arg("quantize_layer_input_fp8", quantize_layer_input_fp8), False)
+        fp8_ue8m0_scales = _held_arg(tp, held, lambda: _bool_arg("fp8_ue8m0_scales", fp8_ue8m0_scales), False)
         tuning_file = os.fspath(tuning_file) if isinstance(tuning_file, os.PathLike) else tuning_file
-        tuning_file = _str_arg("tuning_file", tuning_file)
+        tuning_file = _held_arg(tp, held, lambda: _str_arg("tuning_file", tuning_file), "")
         fp8 = dict(quantize_layer_input_fp8=quantize_layer_input_fp8,
                    fp8_ue8m0_scales=fp8_ue8m0_scales)
-        thresholds = [_int_arg(n, v) for n, v in (
+        thresholds = [_held_arg(tp, held, functools.partial(_int_arg, n, v), 0) for n, v in (
             ("two_shot_min_rows", two_shot_min_rows),
             ("two_shot_min_finalize_rows", two_shot_min_finalize_rows),
             ("nccl_min_rows", nccl_min_rows), ("nccl_min_finalize_rows", nccl_min_finalize_rows))]
+        if held:
+            hidden_size = 0  # a configuration the C++ check refuses, on this rank alone
         options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
-        _, tp, _ = _group_layout(group)
         local_error = _config_error(tp, lambda: lib.check_config(
             hidden_size, hc_mult, max_num_tokens, top_k, quantize_layer_input, residual_only, tp,
             *thresholds, **fp8))
@@ -934,10 +968,15 @@ class AllReduceMHC:
         self.quantize_layer_input_fp8 = quantize_layer_input_fp8
         self.fp8_ue8m0_scales = fp8_ue8m0_scales
         self._device = _device_index(device)
-        self._comm = _communicator(group, self._device, *options)
-        self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
-                                    quantize_layer_input, residual_only, *thresholds, **fp8,
-                                    tuning_file=_str_arg("tuning_file", tuning_file))
+        try:
+            self._comm = _communicator(group, self._device, *options)
+            self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
+                                        quantize_layer_input, residual_only, *thresholds, **fp8,
+                                        tuning_file=tuning_file)
+        except Error as e:
+            _raise_held(held, e)
+            raise
+        _raise_held(held)
         if local_error is not None:  # the C++ constructor raises it after the agreement
             raise local_error
         # Where the thresholds came from: the tuning table's entry, or the built-in defaults.
@@ -1298,16 +1337,23 @@ class LamportAllGather:
                  group: Optional[ProcessGroup] = None,
                  wait_timeout_ms: Optional[int] = None, watchdog: bool = True,
                  force_nccl_fallback: bool = False) -> None:
-        rank_capacity_bytes = _int_arg("rank_capacity_bytes", rank_capacity_bytes)
+        _, tp, _ = _group_layout(group)
+        held: List[Error] = []  # as AllReduceMHC's: 0 is a capacity the C++ check refuses
+        rank_capacity_bytes = _held_arg(
+            tp, held, lambda: _int_arg("rank_capacity_bytes", rank_capacity_bytes), 0)
         options = _options_args(wait_timeout_ms, watchdog, force_nccl_fallback)
         lib = _lib()
-        _, tp, _ = _group_layout(group)
         local_error = _config_error(tp, lambda: lib.check_all_gather_config(rank_capacity_bytes))
         self.rank_capacity_bytes = rank_capacity_bytes
         self._device = _device_index(device)
-        self._comm = _communicator(group, self._device, *options)
-        self.world_size = self._comm.tp
-        self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
+        try:
+            self._comm = _communicator(group, self._device, *options)
+            self.world_size = self._comm.tp
+            self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
+        except Error as e:
+            _raise_held(held, e)
+            raise
+        _raise_held(held)
         if local_error is not None:  # the C++ constructor raises it after the agreement
             raise local_error
         _ops.ensure_registered()

@@ -203,6 +203,72 @@ def test_a_config_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collectiv
         mhccl.AllReduceMHC(**args)
 
 
+@pytest.mark.parametrize("kwargs,cls,name", [
+    (dict(hidden_size="5120"), mhccl.ArgumentTypeError, "hidden_size"),
+    (dict(top_k=2**31), mhccl.InvalidArgumentError, "top_k"),
+    (dict(residual_only=1), mhccl.ArgumentTypeError, "residual_only"),
+    (dict(tuning_file=3), mhccl.ArgumentTypeError, "tuning_file"),
+    (dict(nccl_min_rows=1.5), mhccl.ArgumentTypeError, "nccl_min_rows")])
+def test_an_argument_of_another_type_at_tp2_still_takes_part_in_the_agreement(monkeypatch, kwargs, cls, name):
+    """A configuration argument of a wrong Python type, or beyond the C++ type's range, on one
+    rank: the rank agrees on a configuration the C++ check refuses (every rank raises there, the
+    communicator stays usable), and then raises its own error, chained to the agreement's. It
+    raised before the collective construction until 2026-12-05, and its peers waited out their
+    budget and aborted the group's communicator."""
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+    monkeypatch.setattr(_api, "_communicator", lambda *args, **kwargs: types.SimpleNamespace(tp=2))
+    real = _api._lib()
+    built = []
+
+    class Lib:
+        check_config = staticmethod(real.check_config)
+        check_all_gather_config = staticmethod(real.check_all_gather_config)
+
+        @staticmethod
+        def AllReduceMHC(comm, hidden_size, *args, **kwargs):
+            built.append(hidden_size)  # the C++ constructor raises its check's error after the agreement
+            with pytest.raises(mhccl.InvalidArgumentError, match="hidden_size") as refused:
+                real.check_config(hidden_size, 4, 64, 6, False, False, 2, 0, 0, 0, 0,
+                                  quantize_layer_input_fp8=False, fp8_ue8m0_scales=False)
+            raise refused.value
+    monkeypatch.setattr(_api, "_lib", lambda: Lib)
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(cls, match=name) as info:
+        mhccl.AllReduceMHC(**args)
+    assert built == [0], built  # it took part in the collective construction
+    assert isinstance(info.value.__cause__, mhccl.InvalidArgumentError), info.value.__cause__
+
+
+def test_an_all_gather_capacity_of_another_type_at_tp2_still_takes_part_in_the_agreement(monkeypatch):
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+    monkeypatch.setattr(_api, "_communicator", lambda *args, **kwargs: types.SimpleNamespace(tp=2))
+    real = _api._lib()
+
+    class Lib:
+        check_all_gather_config = staticmethod(real.check_all_gather_config)
+
+        @staticmethod
+        def LamportAllGather(comm, capacity):
+            with pytest.raises(mhccl.InvalidArgumentError, match="rank_capacity_bytes") as refused:
+                real.check_all_gather_config(capacity)
+            raise refused.value
+    monkeypatch.setattr(_api, "_lib", lambda: Lib)
+    with pytest.raises(mhccl.ArgumentTypeError, match="rank_capacity_bytes") as info:
+        mhccl.LamportAllGather(rank_capacity_bytes=4096.0, device=0)
+    assert isinstance(info.value.__cause__, mhccl.InvalidArgumentError)
+
+
+def test_an_argument_of_another_type_at_tp1_is_raised_before_anything_is_built(monkeypatch):
+    def collective(*args, **kwargs):
+        raise AssertionError("the constructor went on to build")
+    monkeypatch.setattr(_api, "_communicator", collective)
+    with pytest.raises(mhccl.ArgumentTypeError, match="hidden_size"):
+        mhccl.AllReduceMHC(hidden_size="5120", hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    with pytest.raises(mhccl.ArgumentTypeError, match="rank_capacity_bytes"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096.0, device=0)
+
+
 def test_an_all_gather_capacity_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collective):
     with pytest.raises(_Collective):
         mhccl.LamportAllGather(rank_capacity_bytes=4097, device=0)
