@@ -63,9 +63,9 @@ def load(files: list[str]) -> "OrderedDict[str, list[dict]]":
                 continue
             times[key] = float(row["us_median"])
             if row.get("lamport_floor_us") is not None:
-                floors[key[2]] = float(row["lamport_floor_us"])
-        for m, us in floors.items():
-            times[("lamport floor", "", m, 1)] = us
+                floors[(key[2], key[3])] = float(row["lamport_floor_us"])  # (M, TP)
+        for (m, tp), us in floors.items():
+            times[("lamport floor", "", m, tp)] = us
         builds.setdefault(name, []).append(times)
     return builds
 

@@ -145,6 +145,23 @@ def _str_arg(name: str, value: Any) -> str:
     return value
 
 
+def _path_str_arg(name: str, value: Any) -> str:
+    """A str or an ``os.PathLike`` of one, which the C++ API takes as a path: encodable as UTF-8
+    (``os.fspath`` of a name that is not, e.g. from bytes on a POSIX file system, holds lone
+    surrogates, which the binding's conversion refuses with an unnamed TypeError)."""
+    if isinstance(value, os.PathLike):
+        try:
+            value = os.fspath(value)
+        except TypeError:  # its __fspath__ returned neither str nor bytes
+            raise ArgumentTypeError(f"{name}: expected a str path, got {type(value).__name__}") from None
+    path = _str_arg(name, value)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name}: expected a path encodable as UTF-8, got {path!r}") from None
+    return path
+
+
 def _tensor_arg(name: str, value: Any, optional: bool = False) -> Any:
     import torch
 
@@ -944,8 +961,7 @@ class AllReduceMHC:
         quantize_layer_input_fp8 = _held_arg(
             tp, held, lambda: _bool_arg("quantize_layer_input_fp8", quantize_layer_input_fp8), False)
         fp8_ue8m0_scales = _held_arg(tp, held, lambda: _bool_arg("fp8_ue8m0_scales", fp8_ue8m0_scales), False)
-        tuning_file = os.fspath(tuning_file) if isinstance(tuning_file, os.PathLike) else tuning_file
-        tuning_file = _held_arg(tp, held, lambda: _str_arg("tuning_file", tuning_file), "")
+        tuning_file = _held_arg(tp, held, lambda: _path_str_arg("tuning_file", tuning_file), "")
         fp8 = dict(quantize_layer_input_fp8=quantize_layer_input_fp8,
                    fp8_ue8m0_scales=fp8_ue8m0_scales)
         thresholds = [_held_arg(tp, held, functools.partial(_int_arg, n, v), 0) for n, v in (
@@ -973,7 +989,7 @@ class AllReduceMHC:
             self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
                                         quantize_layer_input, residual_only, *thresholds, **fp8,
                                         tuning_file=tuning_file)
-        except Error as e:
+        except Exception as e:  # an Error of the agreement, or torch.distributed's own
             _raise_held(held, e)
             raise
         _raise_held(held)
@@ -1350,7 +1366,7 @@ class LamportAllGather:
             self._comm = _communicator(group, self._device, *options)
             self.world_size = self._comm.tp
             self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
-        except Error as e:
+        except Exception as e:  # an Error of the agreement, or torch.distributed's own
             _raise_held(held, e)
             raise
         _raise_held(held)

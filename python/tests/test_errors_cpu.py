@@ -203,12 +203,24 @@ def test_a_config_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collectiv
         mhccl.AllReduceMHC(**args)
 
 
-@pytest.mark.parametrize("kwargs,cls,name", [
+_HELD_ARGS = [  # every configuration argument, refused for its type or its C++ type's range
     (dict(hidden_size="5120"), mhccl.ArgumentTypeError, "hidden_size"),
+    (dict(hc_mult=4.0), mhccl.ArgumentTypeError, "hc_mult"),
+    (dict(max_num_tokens=None), mhccl.ArgumentTypeError, "max_num_tokens"),
     (dict(top_k=2**31), mhccl.InvalidArgumentError, "top_k"),
+    (dict(quantize_layer_input=1), mhccl.ArgumentTypeError, "quantize_layer_input"),
     (dict(residual_only=1), mhccl.ArgumentTypeError, "residual_only"),
+    (dict(quantize_layer_input_fp8="yes"), mhccl.ArgumentTypeError, "quantize_layer_input_fp8"),
+    (dict(fp8_ue8m0_scales=0), mhccl.ArgumentTypeError, "fp8_ue8m0_scales"),
     (dict(tuning_file=3), mhccl.ArgumentTypeError, "tuning_file"),
-    (dict(nccl_min_rows=1.5), mhccl.ArgumentTypeError, "nccl_min_rows")])
+    (dict(tuning_file="\udc80.json"), mhccl.InvalidArgumentError, "tuning_file"),  # not UTF-8
+    (dict(two_shot_min_rows=1.5), mhccl.ArgumentTypeError, "two_shot_min_rows"),
+    (dict(two_shot_min_finalize_rows=2**63), mhccl.InvalidArgumentError, "two_shot_min_finalize_rows"),
+    (dict(nccl_min_rows=1.5), mhccl.ArgumentTypeError, "nccl_min_rows"),
+    (dict(nccl_min_finalize_rows=True), mhccl.ArgumentTypeError, "nccl_min_finalize_rows")]
+
+
+@pytest.mark.parametrize("kwargs,cls,name", _HELD_ARGS)
 def test_an_argument_of_another_type_at_tp2_still_takes_part_in_the_agreement(monkeypatch, kwargs, cls, name):
     """A configuration argument of a wrong Python type, or beyond the C++ type's range, on one
     rank: the rank agrees on a configuration the C++ check refuses (every rank raises there, the
@@ -259,12 +271,30 @@ def test_an_all_gather_capacity_of_another_type_at_tp2_still_takes_part_in_the_a
     assert isinstance(info.value.__cause__, mhccl.InvalidArgumentError)
 
 
-def test_an_argument_of_another_type_at_tp1_is_raised_before_anything_is_built(monkeypatch):
+def test_a_held_argument_error_is_raised_when_the_collective_fails_otherwise(monkeypatch):
+    """Where the collective construction fails with another error (torch.distributed's own, say),
+    the rank still raises its own argument's error, chained to it."""
+    monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+
+    def collective(*args, **kwargs):
+        raise RuntimeError("the process group is gone")
+    monkeypatch.setattr(_api, "_communicator", collective)
+    with pytest.raises(mhccl.ArgumentTypeError, match="hidden_size") as info:
+        mhccl.AllReduceMHC(hidden_size="5120", hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(mhccl.ArgumentTypeError, match="rank_capacity_bytes"):
+        mhccl.LamportAllGather(rank_capacity_bytes=4096.0, device=0)
+
+
+@pytest.mark.parametrize("kwargs,cls,name", _HELD_ARGS)
+def test_an_argument_of_another_type_at_tp1_is_raised_before_anything_is_built(monkeypatch, kwargs, cls, name):
     def collective(*args, **kwargs):
         raise AssertionError("the constructor went on to build")
     monkeypatch.setattr(_api, "_communicator", collective)
-    with pytest.raises(mhccl.ArgumentTypeError, match="hidden_size"):
-        mhccl.AllReduceMHC(hidden_size="5120", hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args = dict(hidden_size=5120, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    args.update(kwargs)
+    with pytest.raises(cls, match=name):
+        mhccl.AllReduceMHC(**args)
     with pytest.raises(mhccl.ArgumentTypeError, match="rank_capacity_bytes"):
         mhccl.LamportAllGather(rank_capacity_bytes=4096.0, device=0)
 

@@ -18,6 +18,9 @@ def bench_json(path, commit, call_us, floor_us):
     for m, us in call_us.items():
         rows.append({"op": "allreduce_mhc.call", "protocol": "one-shot (own mailbox)", "variant": "plain",
                      "m": m, "tp": 1, "us_median": us, "lamport_floor_us": floor_us})
+        # A TP=2 group's row: its floor is TP=2's (it was filed under TP 1 until 2026-12-05).
+        rows.append({"op": "allreduce_mhc.call", "protocol": "one-shot", "variant": "plain",
+                     "m": m, "tp": 2, "us_median": us + 1, "lamport_floor_us": floor_us + 1})
         # As mhccl-bench writes a simulated row: "simulated": true, the simulated group's TP in
         # "tp" (the rows of TP = 2 and 4 of one case were one row until 2026-12-05).
         for tp in (2, 4):
@@ -48,6 +51,7 @@ def main():
     assert "| call | one-shot (own mailbox) | 1 | 1 | 4.10 | 3.00 (-1.10, -26.8%) | 0.20 |" in out, out
     assert "| call | one-shot (own mailbox) | 1 | 64 | 10.00 | 11.00 (+1.00, +10.0%) | 0.00 |" in out, out
     assert "| lamport floor |  | 1 | 1 | 2.00 | 1.50 (-0.50, -25.0%) | 0.00 |" in out, out
+    assert "| lamport floor |  | 2 | 1 | 3.00 | 2.50 (-0.50, -16.7%) | 0.00 |" in out, out
     # Simulated ranks: the row's TP is the simulated one; a variant other than plain is named.
     assert "| finalize mxfp8 | simulated single launch | 2 | 1 | 8.20 | 6.00 (-2.20, -26.8%) | 0.40 |" in out, out
     assert "| finalize mxfp8 | simulated single launch | 4 | 1 | 16.40 | 12.00 (-4.40, -26.8%) | 0.80 |" in out, out
