@@ -534,11 +534,24 @@ def _held_arg(tp: int, held: List[Error], convert: Callable[[], _T], placeholder
         return placeholder
 
 
-def _raise_held(held: List[Error], collective_error: Optional[BaseException] = None) -> None:
-    """The first held argument error, where there is one (chained to the collective
-    construction's error, which the refused placeholder configuration caused)."""
+def _construct(build: Callable[[], _T], held: List[Error], local_error: Optional[Error]) -> _T:
+    """A constructor's collective part, ``build()`` (the communicator and the C++ op, whose
+    configuration agreement every rank joins), then this rank's own errors, in this order: the
+    first held argument error (``_held_arg``; chained to the collective's error where it
+    failed, which the refused placeholder configuration caused, or any other), then the
+    configuration check's (``_config_error``; the C++ constructor raises it after the agreement
+    already, so this is reached only where ``build`` did not run the real constructor)."""
+    try:
+        built = build()
+    except Exception as e:  # an Error of the agreement, or torch.distributed's own
+        if held:
+            raise held[0] from e
+        raise
     if held:
-        raise held[0] from collective_error
+        raise held[0]
+    if local_error is not None:
+        raise local_error
+    return built
 
 
 # One communicator per (group, device, options), shared by every op built with them and kept
@@ -984,17 +997,13 @@ class AllReduceMHC:
         self.quantize_layer_input_fp8 = quantize_layer_input_fp8
         self.fp8_ue8m0_scales = fp8_ue8m0_scales
         self._device = _device_index(device)
-        try:
-            self._comm = _communicator(group, self._device, *options)
-            self._op = lib.AllReduceMHC(self._comm, hidden_size, hc_mult, max_num_tokens, top_k,
-                                        quantize_layer_input, residual_only, *thresholds, **fp8,
-                                        tuning_file=tuning_file)
-        except Exception as e:  # an Error of the agreement, or torch.distributed's own
-            _raise_held(held, e)
-            raise
-        _raise_held(held)
-        if local_error is not None:  # the C++ constructor raises it after the agreement
-            raise local_error
+
+        def build() -> Tuple[Any, Any]:
+            comm = _communicator(group, self._device, *options)
+            return comm, lib.AllReduceMHC(comm, hidden_size, hc_mult, max_num_tokens, top_k,
+                                          quantize_layer_input, residual_only, *thresholds, **fp8,
+                                          tuning_file=tuning_file)
+        self._comm, self._op = _construct(build, held, local_error)
         # Where the thresholds came from: the tuning table's entry, or the built-in defaults.
         self.tuning_source: str = self._op.tuning_source
         # Two-shot exists only between peers that reach each other's memory (TP > 1, not the
@@ -1362,16 +1371,12 @@ class LamportAllGather:
         local_error = _config_error(tp, lambda: lib.check_all_gather_config(rank_capacity_bytes))
         self.rank_capacity_bytes = rank_capacity_bytes
         self._device = _device_index(device)
-        try:
-            self._comm = _communicator(group, self._device, *options)
-            self.world_size = self._comm.tp
-            self._op = lib.LamportAllGather(self._comm, rank_capacity_bytes)
-        except Exception as e:  # an Error of the agreement, or torch.distributed's own
-            _raise_held(held, e)
-            raise
-        _raise_held(held)
-        if local_error is not None:  # the C++ constructor raises it after the agreement
-            raise local_error
+
+        def build() -> Tuple[Any, Any]:
+            comm = _communicator(group, self._device, *options)
+            return comm, lib.LamportAllGather(comm, rank_capacity_bytes)
+        self._comm, self._op = _construct(build, held, local_error)
+        self.world_size = self._comm.tp
         _ops.ensure_registered()
         self._handle = _ops.register_instance(self)
 
