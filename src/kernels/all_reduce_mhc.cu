@@ -634,8 +634,8 @@ __device__ __forceinline__ void end_polling_call(const ConsumerParams& p, const 
   const int64_t slot_packs = p.slot_rows * np;
   void* const in = const_cast<void*>(p.in);
   if (blockIdx.x == 0) {
-    reset_call_headers(in, g.previous, p.nslots, p.slot_rows, p.np, p.tp);
-    if (p.contributions != nullptr) reset_call_headers(p.contributions, g.previous, p.tp, p.owner_rows, p.np, p.tp);
+    reset_call_headers(in, p.in_headers, g.previous, p.tp);
+    if (p.contributions != nullptr) reset_call_headers(p.contributions, p.contribution_headers, g.previous, p.tp);
   }
   reset_slots<Bf16Lanes>(static_cast<uint4*>(in) + g.previous * p.nslots * slot_packs,
                          p.nslots, slot_packs, static_cast<int64_t>(g.prev_rows) * np);
@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
     const WaitSite site{p.protocol, -1, g.current, row, p.state};
     // The call's header before its first pack (thread 0 of CTA 0: row 0, part 0).
     if (p.publish_first && blockIdx.x == 0 && threadIdx.x == 0 && may_publish(p.err, g.fault, site)) {
-      publish_call_header(p.targets, p.tp, p.rank, p.slot_rows, p.np, g.current, identity_pack(p.id, g));
+      store_to_ranks(p.targets, p.tp, call_header_at(p.target_headers, g.current, p.rank), identity_pack(p.id, g));
     }
     if (publish && may_publish(p.err, g.fault, site)) {
       store_to_ranks(p.targets, p.tp, mailbox_offset(g.current, p.tp, p.rank, p.slot_rows, row, p.np, pack),
@@ -741,8 +741,7 @@ __global__ void __launch_bounds__(max_threads_per_cta(HC)) mhc_consumer_kernel(c
   // packs below, and re-loaded by their polls while it is stale (wait_slot).
   const bool checks_header = IN == ConsumerInput::kPoll && blockIdx.x == 0 && static_cast<int>(threadIdx.x) < p.tp;
   auto header_at = [&] {
-    return static_cast<const uint4*>(p.in) +
-           call_header_offset(g.current, p.nslots, p.slot_rows, p.np, static_cast<int>(threadIdx.x));
+    return static_cast<const uint4*>(p.in) + call_header_at(p.in_headers, g.current, static_cast<int>(threadIdx.x));
   };
   uint4 header = make_uint4(0, 0, 0, 0);
   if (checks_header) header = ld_volatile(header_at());
@@ -1401,8 +1400,12 @@ cudaError_t preload_all_reduce_mhc_kernels(int hc) {
   return cudaSuccess;
 }
 
-cudaError_t launch_consumer(const ConsumerParams& p, int hc, ConsumerInput input,
+cudaError_t launch_consumer(const ConsumerParams& given, int hc, ConsumerInput input,
                             ConsumerVariant variant, cudaStream_t stream, bool pdl) {
+  ConsumerParams p = given;
+  p.in_headers = mailbox_row_packs(p.nslots, p.slot_rows, p.np);
+  p.target_headers = mailbox_row_packs(p.tp, p.slot_rows, p.np);
+  p.contribution_headers = mailbox_row_packs(p.tp, p.owner_rows, p.np);
   if (consumer_streams(p, input)) {
     const int threads = p.tiling.threads;
     const int inputs = input == ConsumerInput::kPoll ? p.nslots : 1;

@@ -418,13 +418,11 @@ static __device__ __noinline__ bool check_header_cold_at(const uint4* base, uint
 }
 
 // Resets the call headers of generation `gen` of writers 0 .. writers - 1 in the mailbox at
-// `base` (its layout: sources, slot_rows, np) to the sentinel: thread w of the calling CTA
-// resets writer w's.
-__device__ __forceinline__ void reset_call_headers(void* base, uint32_t gen, int sources, int64_t slot_rows, int np,
-                                                   int writers) {
+// `base` (its headers at pack offset `headers`: mailbox_row_packs of its layout) to the
+// sentinel: thread w of the calling CTA resets writer w's.
+__device__ __forceinline__ void reset_call_headers(void* base, int64_t headers, uint32_t gen, int writers) {
   const int w = static_cast<int>(threadIdx.x);
-  if (w < writers) st_volatile(static_cast<uint4*>(base) + call_header_offset(gen, sources, slot_rows, np, w),
-                               Bf16Lanes::sentinel());
+  if (w < writers) st_volatile(static_cast<uint4*>(base) + call_header_at(headers, gen, w), Bf16Lanes::sentinel());
 }
 
 // --- Protocol state --------------------------------------------------------------------------

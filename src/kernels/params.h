@@ -134,9 +134,13 @@ MHCCL_HD constexpr int64_t mailbox_row_packs(int sources, int64_t slot_rows, int
 MHCCL_HD constexpr int64_t mailbox_bytes(int sources, int64_t slot_rows, int np) {
   return 16 * (mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(kGenerations) * kMaxTp);
 }
-// Pack offset of writer `writer`'s call header of generation `gen` (writer < kMaxTp).
+// Pack offset of writer `writer`'s call header of generation `gen` (writer < kMaxTp), from the
+// offset of the mailbox's headers (`headers`: mailbox_row_packs of its layout).
+MHCCL_HD constexpr int64_t call_header_at(int64_t headers, uint32_t gen, int writer) {
+  return headers + static_cast<int64_t>(gen) * kMaxTp + writer;
+}
 MHCCL_HD constexpr int64_t call_header_offset(uint32_t gen, int sources, int64_t slot_rows, int np, int writer) {
-  return mailbox_row_packs(sources, slot_rows, np) + static_cast<int64_t>(gen) * kMaxTp + writer;
+  return call_header_at(mailbox_row_packs(sources, slot_rows, np), gen, writer);
 }
 // The all-gather's mailbox: the packs [gen][source][capacity_packs], the call headers
 // [gen][source][kAllGatherMaxCtas] packs (a unit is a CTA), then the escape words
@@ -418,6 +422,13 @@ struct ConsumerParams {
   // kDirect streaming: the op's row ticket counter (consume_rows), zero between calls;
   // calls of one op share it: they run one at a time (stream-ordered).
   uint32_t* row_tickets;
+  // Set by launch_consumer, not by its callers: the pack offsets of the call headers
+  // (mailbox_row_packs) in `in` (nslots, slot_rows), in the one-shot `targets` (tp, slot_rows)
+  // and in `contributions` (tp, owner_rows), so that no kernel computes them from the layout (a
+  // 64-bit multiply chain on the path of the thread that publishes and checks the header).
+  int64_t in_headers;
+  int64_t target_headers;
+  int64_t contribution_headers;
 };
 
 struct OwnerReduceParams {
