@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -168,7 +167,8 @@ int main(int argc, char** argv) {
   mhccl::tune::Options o;
   bool worker = false;
   int tp = 0;
-  std::string variants, verify_ms, out = "mhccl-tuning.json";
+  std::vector<std::string> variants;
+  std::string out = "mhccl-tuning.json";
   CLI::App app{"mhccl-tune: times every AllReduceMHC path that can serve each M on this machine's GPUs (one\n"
                "group of every local GPU; one GPU: TP=1 through its own mailbox) and writes a tuning table of\n"
                "thresholds and launch shapes (docs/TUNING.md). --verify: the deployment self-test."};
@@ -176,7 +176,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "H (default 5120)");
   app.add_option("--hc", o.hc, "hc (default 4)");
   app.add_option("--top-k", o.top_k, "top_k of finalize (default 6)");
-  app.add_option("--variants", variants, "comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 (default: all H allows)");
+  app.add_option("--variants", variants, "comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 (default: all H allows)")
+      ->delimiter(',');
   app.add_option("--max-rows,--max-m", o.max_rows, "the largest M swept, the ops' capacity (default 8192; --quick 1024)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_flag("--quick", o.quick, "powers of two to 1024 rows, fewer repeats, fewer launch shapes");
@@ -194,7 +195,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_flag("--verify", o.verify, "the self-test: every path and variant at a few M against the CPU reference, "
                                      "the ranks' bits against each other; exit 1 with the reason on a failure");
-  app.add_option("--verify-ms", verify_ms, "--verify: comma list of M (default 1,7,97,300)");
+  app.add_option("--verify-ms", o.verify_ms, "--verify: comma list of M (default 1,7,97,300)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_option("--tuning-file", o.tuning_file, "--verify: build the automatic path's op with this table");
   app.add_flag("--worker", worker, "internal: run as one rank (set by mhccl-launch)")->group("");
   app.add_option("--result-out", o.result_out, "internal: where rank 0 writes its result")->group("");
@@ -208,27 +211,8 @@ int main(int argc, char** argv) {
   if (o.max_rows <= 0) o.max_rows = o.quick ? 1024 : 8192;
   if (o.repeats <= 0) o.repeats = o.quick ? 5 : 11;
   if (o.calls_per_graph <= 0) o.calls_per_graph = o.quick ? 10 : 20;
-  for (const auto& [list, dst] : {std::make_pair(&variants, 0), std::make_pair(&verify_ms, 1)}) {
-    std::stringstream ss(*list);
-    for (std::string item; std::getline(ss, item, ',');) {
-      if (item.empty()) continue;
-      if (dst == 0) {  // each once: the table takes one entry a key
-        if (std::find(o.variants.begin(), o.variants.end(), item) == o.variants.end()) o.variants.push_back(item);
-      } else {
-        size_t used = 0;
-        long long m = 0;
-        try {
-          m = std::stoll(item, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != item.size() || m < 1 || m > (1LL << 24)) {
-          std::fprintf(stderr, "mhccl-tune: --verify-ms: expected rows from 1 to 2^24, got '%s'\n", item.c_str());
-          return 2;
-        }
-        o.verify_ms.push_back(m);
-      }
-    }
+  for (const std::string& v : variants) {  // each once: the table takes one entry a key
+    if (!v.empty() && std::find(o.variants.begin(), o.variants.end(), v) == o.variants.end()) o.variants.push_back(v);
   }
   const std::vector<std::string> allowed = mhccl::tune::variants_for(o.hidden);
   for (const std::string& v : o.variants) {
