@@ -80,16 +80,30 @@ Result run(const Options& opts) {
     res.exit_code = 1;
     return res;
   };
+  // A rank forked but not yet exec'd runs with the launcher's handlers, and a stop signal (the
+  // group stopped early, a rank having failed) would only set the child's copy of the flag and
+  // be lost: the rank then ran on until the SIGKILL after the grace (a CPU test under load,
+  // 2026-12-05). So SIGINT and SIGTERM are blocked across the fork, and the child restores their
+  // default actions before it unblocks them: one sent meanwhile ends it.
+  sigset_t stop_signals, unblocked;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
   for (int r = 0; r < n; ++r) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return abandon("mhccl-launch: pipe");
+    sigprocmask(SIG_BLOCK, &stop_signals, &unblocked);
     const pid_t pid = fork();
+    if (pid != 0) sigprocmask(SIG_SETMASK, &unblocked, nullptr);
     if (pid < 0) {
       close(fds[0]);
       close(fds[1]);
       return abandon("mhccl-launch: fork");
     }
     if (pid == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &unblocked, nullptr);
       setpgid(0, group);
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
