@@ -92,6 +92,10 @@ def _int_arg(name: str, value: Any, lo: int = -(2**63), hi: int = _INT64_MAX) ->
     except TypeError:  # e.g. a float tensor or an array of several elements, which have __index__
         raise ArgumentTypeError(
             f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
+    except Exception as e:  # any other failure of its __index__: a meta tensor (RuntimeError), ...
+        raise ArgumentTypeError(
+            f"{name}: expected an int, got {type(value).__name__} {value!r}, whose conversion "
+            f"failed: {type(e).__name__}: {e}") from e
     if not lo <= v <= hi:
         raise InvalidArgumentError(f"{name}: expected an int in [{lo}, {hi}], got {v}")
     return v
@@ -123,6 +127,10 @@ def _float_arg(name: str, value: Any) -> float:
     except (TypeError, ValueError, RuntimeError):  # a tensor of several elements, a meta tensor
         raise ArgumentTypeError(
             f"{name}: expected a float, got {type(value).__name__} {value!r}") from None
+    except Exception as e:  # any other failure of its __float__
+        raise ArgumentTypeError(
+            f"{name}: expected a float, got {type(value).__name__} {value!r}, whose conversion "
+            f"failed: {type(e).__name__}: {e}") from e
 
 
 _FLT_MAX = 3.4028234663852886e38  # the largest finite float32 (the C++ API's eps is a float)
@@ -154,6 +162,10 @@ def _path_str_arg(name: str, value: Any) -> str:
             value = os.fspath(value)
         except TypeError:  # its __fspath__ returned neither str nor bytes
             raise ArgumentTypeError(f"{name}: expected a str path, got {type(value).__name__}") from None
+        except Exception as e:  # its __fspath__ failed otherwise (an OSError, ...)
+            raise ArgumentTypeError(
+                f"{name}: expected a str path, got {type(value).__name__}, whose os.fspath "
+                f"failed: {type(e).__name__}: {e}") from e
     path = _str_arg(name, value)
     try:
         path.encode("utf-8")

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
-from ._errors import NoDeviceError
+from ._errors import ArgumentTypeError, NoDeviceError
 
 
 def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mult: int = 4, top_k: int = 6,
@@ -36,18 +36,34 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
         and the first failing case with its reason ("" when none failed).
 
     Raises:
+        mhccl.ArgumentTypeError (a TypeError) or mhccl.InvalidArgumentError (a ValueError): an
+            argument of another type or beyond its C++ type's range (an M in ``ms`` that is
+            not an int, a ``variants`` given as one str), named, before the communicator is
+            built (so at TP > 1 the peers of a rank that raised it wait out their budget in
+            that collective construction, as for any call one rank does not make);
         mhccl.Error (a RuntimeError): no CUDA device (the message says CUDA's reason), NCCL or
             CUDA failures; ValueError: a variant H does not allow.
     """
     from . import _api
 
+    int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the binding's int parameters
+    hidden_size = _api._int_arg("hidden_size", hidden_size)
+    hc_mult = _api._int_arg("hc_mult", hc_mult, **int32)
+    top_k = _api._int_arg("top_k", top_k, **int32)
+    if isinstance(variants, (str, bytes)):
+        raise ArgumentTypeError(f"variants: expected a sequence of str, got {type(variants).__name__} "
+                                f"{variants!r} (write [{variants!r}])")
+    variant_list = [_api._str_arg("variants", v) for v in (variants or [])]
+    m_list = [_api._int_arg("ms", m) for m in (ms or [])]
+    tuning_file = _api._path_str_arg("tuning_file", tuning_file)
+    print_cases = _api._bool_arg("print_cases", print_cases)
     lib = _api._lib()
     if device is None:
         device = int(os.environ.get("LOCAL_RANK", "0"))
     comm = _api._new_communicator(_api._group_layout(group), _api._device_index(device))
     try:
-        ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, list(variants or []),
-                                          [int(m) for m in (ms or [])], tuning_file, print_cases)
+        ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, variant_list, m_list, tuning_file,
+                                          print_cases)
     finally:
         del comm  # its own, not cached: destroyed here (after its ops, which the test made and dropped)
     return bool(ok), str(report), str(first)

@@ -4,6 +4,7 @@ its code, peer, call index and op; the argument errors are also ValueError / Typ
 class pickles; the constructors' communicator options are checked before anything is built."""
 
 import copy
+import os
 import pickle
 import subprocess
 import sys
@@ -203,6 +204,18 @@ def test_a_config_refused_at_tp2_still_takes_part_in_the_agreement(tp2_collectiv
         mhccl.AllReduceMHC(**args)
 
 
+class _IndexFails:
+    """An integer-like whose __index__ fails with something other than a TypeError."""
+    def __index__(self):
+        raise ValueError("no index today")
+
+
+class _FspathFails(os.PathLike):
+    """A path-like whose __fspath__ fails with something other than a TypeError."""
+    def __fspath__(self):
+        raise OSError("no path today")
+
+
 _HELD_ARGS = [  # every configuration argument, refused for its type or its C++ type's range
     (dict(hidden_size="5120"), mhccl.ArgumentTypeError, "hidden_size"),
     (dict(hc_mult=4.0), mhccl.ArgumentTypeError, "hc_mult"),
@@ -217,7 +230,11 @@ _HELD_ARGS = [  # every configuration argument, refused for its type or its C++ 
     (dict(two_shot_min_rows=1.5), mhccl.ArgumentTypeError, "two_shot_min_rows"),
     (dict(two_shot_min_finalize_rows=2**63), mhccl.InvalidArgumentError, "two_shot_min_finalize_rows"),
     (dict(nccl_min_rows=1.5), mhccl.ArgumentTypeError, "nccl_min_rows"),
-    (dict(nccl_min_finalize_rows=True), mhccl.ArgumentTypeError, "nccl_min_finalize_rows")]
+    (dict(nccl_min_finalize_rows=True), mhccl.ArgumentTypeError, "nccl_min_finalize_rows"),
+    # conversions that fail otherwise than with a TypeError: until 2026-12-05 (a review) they
+    # escaped as they were, before the agreement
+    (dict(top_k=_IndexFails()), mhccl.ArgumentTypeError, "top_k"),
+    (dict(tuning_file=_FspathFails()), mhccl.ArgumentTypeError, "tuning_file")]
 
 
 @pytest.mark.parametrize("kwargs,cls,name", _HELD_ARGS)
@@ -519,3 +536,28 @@ def test_the_cache_hits_alike_on_every_rank_whatever_ops_live(stand_in_communica
     del group
     gc.collect()
     assert group_ref() is None and comm_ref() is None  # forgotten: both go
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_meta_tensor_as_a_size_is_an_argument_type_error_held_at_tp2(monkeypatch, tp):
+    """A size given as a meta tensor (its __index__ raises RuntimeError, not TypeError): an
+    ArgumentTypeError naming the argument, at TP=1 before anything is built, at TP=2 held until
+    the rank took part in the collective construction (a review, 2026-12-05: it escaped as a
+    RuntimeError before the agreement, and the peers waited out their budget)."""
+    torch = pytest.importorskip("torch")
+    reached = []
+
+    def collective(*args, **kwargs):
+        reached.append(1)
+        raise _Collective("the collective construction")
+    if tp == 2:
+        monkeypatch.setattr(_api, "_group_layout", lambda group: (None, 2, 1))
+    monkeypatch.setattr(_api, "_communicator", collective)
+    meta = torch.tensor(5120, device="meta")
+    with pytest.raises(mhccl.ArgumentTypeError, match="hidden_size.*RuntimeError") as info:
+        mhccl.AllReduceMHC(hidden_size=meta, hc_mult=4, max_num_tokens=64, top_k=6, device=0)
+    with pytest.raises(mhccl.ArgumentTypeError, match="rank_capacity_bytes.*RuntimeError"):
+        mhccl.LamportAllGather(rank_capacity_bytes=torch.tensor(4096, device="meta"), device=0)
+    assert reached == ([1, 1] if tp == 2 else []), reached
+    if tp == 2:
+        assert isinstance(info.value.__cause__, _Collective), info.value.__cause__

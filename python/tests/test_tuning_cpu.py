@@ -118,3 +118,26 @@ def test_selftest_without_a_gpu_says_why():
     assert out.stderr.count("no CUDA device") == 1, out.stderr  # said once
     reason = why[why.index("(") + 1:why.rindex(")")]  # CUDA's own reason, as the Communicator gives it
     assert reason and reason in out.stderr, (reason, out.stderr)
+
+
+@pytest.mark.parametrize("kwargs,cls,name", [
+    (dict(hidden_size="5120"), mhccl.ArgumentTypeError, "hidden_size"),
+    (dict(hc_mult=2**31), mhccl.InvalidArgumentError, "hc_mult"),
+    (dict(top_k=6.0), mhccl.ArgumentTypeError, "top_k"),
+    (dict(variants="plain"), mhccl.ArgumentTypeError, "variants"),
+    (dict(variants=["plain", 1]), mhccl.ArgumentTypeError, "variants"),
+    (dict(ms=[1, 7.5]), mhccl.ArgumentTypeError, "ms"),
+    (dict(tuning_file=3), mhccl.ArgumentTypeError, "tuning_file"),
+    (dict(print_cases=1), mhccl.ArgumentTypeError, "print_cases")])
+def test_selftest_refuses_an_argument_before_its_communicator(monkeypatch, kwargs, cls, name):
+    """``mhccl.selftest.run``'s arguments are checked, and named, before its collective
+    communicator is built: until 2026-12-05 (a review) an M of 7.5 ran as 7, a ``variants`` str
+    as its letters, and a wrong type reached the binding after the collective construction (a
+    nameless TypeError, with the peers gone on into the test's collectives)."""
+    from mhccl import selftest
+
+    def collective(*args, **kwargs):
+        raise AssertionError("the communicator was built")
+    monkeypatch.setattr(_api, "_new_communicator", collective)
+    with pytest.raises(cls, match=name):
+        selftest.run(device=0, **kwargs)
