@@ -7,9 +7,9 @@ and streams identical to the plain build's. Skipped without PyTorch or a CUDA de
 import pytest
 
 torch = pytest.importorskip("torch", reason="the FP8 GPU tests need PyTorch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device (the FP8 variant runs on a GPU; the CPU side is in "
-                "test_cpu.py / test_torch_cpu.py)", allow_module_level=True)
+if not torch.cuda.is_available():  # the FP8 variant's CPU side is in test_cpu.py / test_torch_cpu.py
+    # The same reason as every GPU file's, so that the test summary names one reason, not two.
+    pytest.skip("no CUDA device", allow_module_level=True)
 
 import mhccl  # noqa: E402
 from test_gpu import H, HC, TOP_K, make_inputs  # noqa: E402
