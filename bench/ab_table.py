@@ -40,8 +40,13 @@ def row_key(row: dict) -> tuple | None:
     return (op, row.get("protocol", ""), int(row.get("m", 0)), int(row.get("tp", 1)))
 
 
+class Unreadable(Exception):
+    """A file that is not an mhccl-bench JSON file, or a row of one that is malformed."""
+
+
 def load(files: list[str]) -> "OrderedDict[str, list[dict]]":
-    """Build name -> one {key: us} per round, in the order the builds first appear."""
+    """Build name -> one {key: us} per round, in the order the builds first appear. Raises
+    Unreadable naming the file (and the row) it cannot read."""
     builds: "OrderedDict[str, list[dict]]" = OrderedDict()
     for arg in files:
         name, sep, path = arg.partition("=")
@@ -51,19 +56,22 @@ def load(files: list[str]) -> "OrderedDict[str, list[dict]]":
             with open(path) as f:
                 doc = json.load(f)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"ab_table.py: {path}: {e}") from None
+            raise Unreadable(f"{path}: {e}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-            raise SystemExit(f"ab_table.py: {path}: not an mhccl-bench JSON file (no 'rows')")
+            raise Unreadable(f"{path}: not an mhccl-bench JSON file (no 'rows')")
         name = name or str(doc.get("commit", path))
         times: dict = {}
         floors: dict = {}
-        for row in doc["rows"]:
-            key = row_key(row)
-            if key is None:
-                continue
-            times[key] = float(row["us_median"])
-            if row.get("lamport_floor_us") is not None:
-                floors[(key[2], key[3])] = float(row["lamport_floor_us"])  # (M, TP)
+        for i, row in enumerate(doc["rows"]):
+            try:
+                key = row_key(row)
+                if key is None:
+                    continue
+                times[key] = float(row["us_median"])
+                if row.get("lamport_floor_us") is not None:
+                    floors[(key[2], key[3])] = float(row["lamport_floor_us"])  # (M, TP)
+            except (AttributeError, KeyError, TypeError, ValueError) as e:  # e.g. "tp": null
+                raise Unreadable(f"{path}: row {i}: {type(e).__name__}: {e}") from None
         for (m, tp), us in floors.items():
             times[("lamport floor", "", m, tp)] = us
         builds.setdefault(name, []).append(times)
@@ -79,7 +87,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--op", help="only rows whose op contains this text (call, finalize, floor)")
     args = ap.parse_args(argv)
 
-    builds = load(args.files)
+    try:
+        builds = load(args.files)
+    except Unreadable as e:
+        print(f"ab_table.py: {e}", file=sys.stderr)
+        return 2
     names = list(builds)
     base = args.base or names[0]
     if base not in builds:
@@ -116,8 +128,8 @@ def main(argv: list[str]) -> int:
             v = mean[key].get(n)
             if v is None:
                 cells.append("-")
-            elif b is None:
-                cells.append(f"{v:.2f}")
+            elif b is None or b == 0:  # no base, or a base of 0 us: no percentage
+                cells.append(f"{v:.2f}" if b is None else f"{v:.2f} ({v - b:+.2f})")
             else:
                 cells.append(f"{v:.2f} ({v - b:+.2f}, {100.0 * (v - b) / b:+.1f}%)")
         cells.append(f"{spread[key]:.2f}")

@@ -77,12 +77,22 @@ def main():
     bad = os.path.join(d, "bad.json")
     with open(bad, "w") as f:
         f.write("[1, 2]")
-    try:
-        run([bad])
-    except SystemExit as e:
-        assert "not an mhccl-bench JSON file" in str(e), e
-    else:
-        raise AssertionError("a file without rows was accepted")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc, out = run([bad])
+    assert rc == 2 and "not an mhccl-bench JSON file" in err.getvalue(), (rc, err.getvalue())
+    # A malformed row: exit 2 naming the file and the row (a "tp": null row raised a TypeError
+    # with a traceback, and a file without rows exited 1 though 2 is documented: a review, 2026-12-05).
+    with open(bad, "w") as f:
+        json.dump({"commit": "bad", "rows": [{"op": "allreduce_mhc.call", "m": 1, "tp": None, "us_median": 1.0}]}, f)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc, out = run([bad])
+    assert rc == 2 and "row 0: TypeError" in err.getvalue(), (rc, err.getvalue())
+    # A base of 0 us: the difference without a percentage, not a ZeroDivisionError.
+    z1 = bench_json(os.path.join(d, "z1.json"), "zero", {1: 0.0}, 2.0)
+    rc, out = run([z1, a1])
+    assert rc == 0 and "| call | one-shot (own mailbox) | 1 | 1 | 0.00 | 4.00 (+4.00) |" in out, out
     print("test_ab_table: ok")
 
 
