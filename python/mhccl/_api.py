@@ -61,6 +61,7 @@ def _lib() -> Any:
 
 
 _INT64_MAX = 2**63 - 1
+_INT32 = dict(lo=-(2**31), hi=2**31 - 1)  # _int_arg's bounds for a C++ int
 
 
 def _is_boolish(value: Any) -> bool:
@@ -975,11 +976,10 @@ class AllReduceMHC:
         # The configuration's arguments: at TP > 1 a wrong type or a value outside the C++
         # type's range is held (_held_arg), and the rank agrees on a refused configuration.
         held: List[Error] = []
-        int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the C++ config's int fields
         hidden_size = _held_arg(tp, held, lambda: _int_arg("hidden_size", hidden_size), 0)
-        hc_mult = _held_arg(tp, held, lambda: _int_arg("hc_mult", hc_mult, **int32), 4)
+        hc_mult = _held_arg(tp, held, lambda: _int_arg("hc_mult", hc_mult, **_INT32), 4)
         max_num_tokens = _held_arg(tp, held, lambda: _int_arg("max_num_tokens", max_num_tokens), 1)
-        top_k = _held_arg(tp, held, lambda: _int_arg("top_k", top_k, **int32), 1)
+        top_k = _held_arg(tp, held, lambda: _int_arg("top_k", top_k, **_INT32), 1)
         quantize_layer_input = _held_arg(
             tp, held, lambda: _bool_arg("quantize_layer_input", quantize_layer_input), False)
         residual_only = _held_arg(tp, held, lambda: _bool_arg("residual_only", residual_only), False)

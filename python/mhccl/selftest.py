@@ -46,10 +46,9 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     """
     from . import _api
 
-    int32 = dict(lo=-(2**31), hi=2**31 - 1)  # the binding's int parameters
     hidden_size = _api._int_arg("hidden_size", hidden_size)
-    hc_mult = _api._int_arg("hc_mult", hc_mult, **int32)
-    top_k = _api._int_arg("top_k", top_k, **int32)
+    hc_mult = _api._int_arg("hc_mult", hc_mult, **_api._INT32)
+    top_k = _api._int_arg("top_k", top_k, **_api._INT32)
     if isinstance(variants, (str, bytes)):
         raise ArgumentTypeError(f"variants: expected a sequence of str, got {type(variants).__name__} "
                                 f"{variants!r} (write [{variants!r}])")
