@@ -81,6 +81,22 @@ TEST(LauncherFailures, RankCountsOutsideIntAreRefused) {
   }
 }
 
+// The command line (CLI11): a bad one exits 2 before any GPU is looked for; PROGRAM's own
+// options, after `--` or after PROGRAM, are not the launcher's. Without a GPU a good command
+// line skips (77); with one, `true` passes (0).
+TEST(LauncherFailures, CommandLine) {
+  EXPECT_EQ(launch_exit("--help"), 0);
+  for (const char* bad : {"--bogus -- true", "--nprocs=0 -- true", "--timeout 1.5 -- true", "--timeout -1 -- true",
+                          "--grace x -- true", "-n", "-n 1", "-n 1 --"}) {
+    EXPECT_EQ(launch_exit(bad), 2) << "mhccl-launch " << bad;
+  }
+  for (const char* good : {"-n 1 -- true --bogus", "-n 1 true --bogus -n 0", "--nprocs=1 --timeout=5 --grace 1 "
+                           "--no-prefix true", "-n1 -- true"}) {
+    const int rc = launch_exit(good);
+    EXPECT_TRUE(rc == 0 || rc == 77) << "mhccl-launch " << good << ": exit " << rc;
+  }
+}
+
 // A fork() that fails (EAGAIN) is not checked: the rank's pid is -1, and waitpid(-1, WNOHANG)
 // then reaps any other rank (or returns -1 == pid once none is left). Rank 1, never started,
 // is reported as exit 0 (the group "passed"), or another rank's status is stolen and run()
