@@ -11,12 +11,17 @@
 namespace mhccl {
 namespace {
 
+// Whether `name` is set (and not empty); if so, its value in *out: decimal digits only (no sign,
+// no space, no 0x), at most 2^20.
 bool read_int(const char* name, int* out) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return false;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0 || x > 1 << 20) {
+  long x = 0;
+  for (const char* c = v; *c != '\0' && x <= (1 << 20); ++c) {
+    if (*c < '0' || *c > '9') { x = -1; break; }
+    x = 10 * x + (*c - '0');
+  }
+  if (x < 0 || x > (1 << 20)) {
     throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected a rank count or index, got '" + v + "'");
   }
   *out = static_cast<int>(x);
@@ -35,7 +40,14 @@ RankEnvironment rank_environment() {
   };
   for (const Scheme& s : schemes) {
     int rank = 0, size = 0;
-    if (!read_int(s.rank, &rank) || !read_int(s.size, &size)) continue;
+    const bool has_rank = read_int(s.rank, &rank), has_size = read_int(s.size, &size);
+    if (!has_rank && !has_size) continue;
+    // One without the other would run this process as a group of one, reducing nothing.
+    if (has_rank != has_size) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(has_rank ? s.rank : s.size) + " is set but " +
+                                                   (has_rank ? s.size : s.rank) + " is not (" + s.name +
+                                                   "'s rank environment needs both)");
+    }
     if (size < 1 || rank >= size) {
       throw Error(ErrorCode::kInvalidArgument, std::string(s.rank) + "=" + std::to_string(rank) +
                                                    " is not below " + s.size + "=" + std::to_string(size));

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "kernels/launch.h"
 #include "common/tensor_desc.h"
+#include "mhccl/bootstrap.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
 #include "mhccl/fp8_groups.h"
@@ -950,6 +951,50 @@ TEST(EnvOverrides, IntegersInRangeOnly) {
     }
   }
   ::unsetenv(kName);
+}
+
+// The rank environment (bootstrap.h): a scheme with its rank but not its size (or the reverse)
+// ran as a group of one (rank 0 of 1: every process reducing nothing), and " 1" or "+2" were
+// read as numbers. Each is refused naming the variable.
+TEST(RankEnvironment, HalfSetOrMalformedIsRefused) {
+  const char* vars[] = {"MHCCL_RANK", "MHCCL_WORLD_SIZE", "MHCCL_LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    ::unsetenv(v);
+  }
+  auto refused = [](const char* name) {
+    try {
+      rank_environment();
+      return std::string("accepted");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) return std::string("code ") + e.what();
+      return std::string(e.what()).find(name) != std::string::npos ? std::string() : std::string(e.what());
+    }
+  };
+  EXPECT_EQ(rank_environment().world_size, 1);
+  ::setenv("MHCCL_RANK", "1", 1);
+  EXPECT_EQ(refused("MHCCL_WORLD_SIZE"), "");
+  ::setenv("MHCCL_WORLD_SIZE", "", 1);  // empty: not set
+  EXPECT_EQ(refused("MHCCL_WORLD_SIZE"), "");
+  ::unsetenv("MHCCL_RANK");
+  ::setenv("WORLD_SIZE", "2", 1);
+  EXPECT_EQ(refused("RANK"), "");
+  ::unsetenv("WORLD_SIZE");
+  for (const char* bad : {" 1", "+1", "1 ", "0x1", "-0", "1048577", "99999999999999999999"}) {
+    ::setenv("MHCCL_RANK", bad, 1);
+    ::setenv("MHCCL_WORLD_SIZE", "2", 1);
+    EXPECT_EQ(refused("MHCCL_RANK"), "") << "MHCCL_RANK='" << bad << "'";
+  }
+  ::setenv("MHCCL_RANK", "1", 1);
+  ::setenv("MHCCL_WORLD_SIZE", "2", 1);
+  const RankEnvironment env = rank_environment();
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  EXPECT_EQ(env.source, "mhccl-launch");
+  for (const char* v : vars) ::unsetenv(v);
+  for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
 
 }  // namespace
