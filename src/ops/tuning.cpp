@@ -269,13 +269,18 @@ Table parse_table(const std::string& text, const std::string& path) {
   }
   const Reader r{path};
   if (!doc.is_object()) bad(path, "the document", "expected a JSON object, got " + type_name(doc));
-  only_members(path, doc, "", {"schema_version", "generator", "created", "command", "note", "entries"},
-               "unknown member of the document (schema_version, generator, created, command, note, entries)");
   Table t;
   t.path = path;
-  t.schema_version = static_cast<int>(r.integer(r.member(doc, "schema_version", "the document"), "schema_version", 1, 1 << 30));
+  // The version first: a table of another version is stale as a whole, whatever else its
+  // document holds (members, or a generator's type, that this version does not know).
+  t.schema_version = static_cast<int>(r.integer(r.member(doc, "schema_version", "the document"), "schema_version", 0, 1 << 30));
+  if (t.schema_version != kSchemaVersion) {
+    if (doc.contains("generator") && doc.at("generator").is_string()) t.generator = doc.at("generator").get<std::string>();
+    return t;  // stale: its entries may mean something else
+  }
+  only_members(path, doc, "", {"schema_version", "generator", "created", "command", "note", "entries"},
+               "unknown member of the document (schema_version, generator, created, command, note, entries)");
   if (doc.contains("generator")) t.generator = r.string(doc.at("generator"), "generator");
-  if (t.schema_version != kSchemaVersion) return t;  // stale: its entries may mean something else
   const json& entries = r.member(doc, "entries", "the document");
   if (!entries.is_array()) bad(path, "entries", "expected an array, got " + type_name(entries));
   for (size_t i = 0; i < entries.size(); ++i) t.entries.push_back(read_entry(r, entries[i], i));
