@@ -57,6 +57,9 @@ std::string shown(const json& v) {
   return d;
 }
 
+// "got ..." of a wrong value: its type and the value ("string \"1\""), or "null".
+std::string got(const json& v) { return v.is_null() ? "null" : type_name(v) + " " + shown(v); }
+
 // Line and column (1-based) of byte `offset` of `text`.
 std::string place_of(const std::string& text, size_t offset) {
   size_t line = 1, col = 1;
@@ -80,7 +83,7 @@ struct Reader {
   }
   // An integer in [lo, hi].
   int64_t integer(const json& v, const std::string& where, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer()) bad(path, where, "expected an integer, got " + type_name(v) + " " + shown(v));
+    if (!v.is_number_integer()) bad(path, where, "expected an integer, got " + got(v));
     const bool beyond = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
     const int64_t x = beyond ? 0 : v.get<int64_t>();
     if (beyond || x < lo || x > hi) {
@@ -89,14 +92,14 @@ struct Reader {
     return x;
   }
   std::string string(const json& v, const std::string& where) const {
-    if (!v.is_string()) bad(path, where, "expected a string, got " + type_name(v) + " " + shown(v));
+    if (!v.is_string()) bad(path, where, "expected a string, got " + got(v));
     return v.get<std::string>();
   }
   // A row threshold: an integer >= 1 or "never".
   int64_t threshold(const json& v, const std::string& where) const {
     if (v.is_string() && v.get<std::string>() == "never") return kNever;
     if (!v.is_number_integer()) {
-      bad(path, where, "expected a row count >= 1 or \"never\", got " + type_name(v) + " " + shown(v));
+      bad(path, where, "expected a row count >= 1 or \"never\", got " + got(v));
     }
     return integer(v, where, 1, kNever);
   }

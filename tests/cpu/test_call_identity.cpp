@@ -278,6 +278,9 @@ TEST(CallIdentity, FallbackDivergenceMessageNamesWhatDiffers) {
       {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllReduceCall, 8, 3, 0), "different ops of the communicator"},
       {id(kernels::kOpAllReduceCall, 8, 2, 0), CallIdentity{{0x3F803F80u, 0x40004000u, 0xBF80BF80u, 0x3F003F00u}},
        "another NCCL operation paired"},
+      // An all-gather and an all-reduce of one communicator pair on the fallback (a review,
+      // 2026-12-05: the message said "call on one, finalize on the other").
+      {id(kernels::kOpAllReduceCall, 8, 2, 0), id(kernels::kOpAllGather, 8, 2, 0), "an all-gather on one, an all-reduce"},
   };
   for (const Case& c : cases) {
     const std::string msg = comm::divergence_message(1, 0, "AllReduceMHC.call (NCCL fallback, call 5)", c.mine, c.theirs);

@@ -13,11 +13,15 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "comm/communicator_impl.h"
 #include "mhccl/error.h"
 #include "ops/tuning.h"
+#include "tune/table.h"
 
 namespace mhccl {
 namespace {
@@ -622,6 +626,55 @@ TEST(TuningAgreement, AMalformedTableOnOneRankFailsEveryRank) {
       EXPECT_NE(v[r].find("another rank's configuration is invalid"), std::string::npos) << r << ": " << v[r];
     }
   }
+}
+
+// --- mhccl-tune --out: the table it writes, merged with one already there ----------------------
+
+// A review (2026-12-05): --out /dev/stdout piped to tee, or a FIFO, was opened for reading after
+// the sweep and blocked for good; an existing file whose schema_version was "1" or null ended
+// the tool (an uncaught json::type_error) with the sweep's results already deleted.
+TEST(TuneOutput, KeepsOtherKeysOfAReadableTableAndReplacesAnythingElse) {
+  using nlohmann::json;
+  const json fresh = json::array({json::parse(entry_json(2, R"({"two_shot_min_rows": 512})"))});
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/mhccl-tune-out-test.json";
+  auto merged_from = [&](const std::string& old_text) {
+    std::ofstream(path, std::ios::binary) << old_text;
+    return tune::merged_table(path, fresh, "mhccl-tune --out x", "2026-12-05");
+  };
+  // A table of this schema: its entry of another key kept, the one of the fresh key replaced.
+  json t = merged_from(table_json({entry_json(2, R"({"two_shot_min_rows": 1024})"),
+                                   entry_json(4, R"({"two_shot_min_rows": 256})")}));
+  ASSERT_EQ(t["entries"].size(), 2u);
+  EXPECT_EQ(t["entries"][0]["key"]["tp"], 4);
+  EXPECT_EQ(t["entries"][1]["thresholds"]["two_shot_min_rows"], 512);
+  EXPECT_EQ(tuning::parse_table(t.dump(), "merged").entries.size(), 2u);  // the loader reads it
+  // Anything else there is replaced: the fresh entries alone.
+  for (const std::string& old : {std::string(R"({"schema_version": "1", "entries": []})"),
+                                 std::string(R"({"schema_version": null, "entries": []})"),
+                                 std::string(R"({"schema_version": 2, "entries": [1]})"), std::string("not json"),
+                                 table_json({"3"}), std::string()}) {
+    t = merged_from(old);
+    ASSERT_EQ(t["entries"].size(), 1u) << old;
+    EXPECT_EQ(t["entries"][0]["thresholds"]["two_shot_min_rows"], 512) << old;
+  }
+  std::remove(path.c_str());
+  // A FIFO (no writer): never opened. In a child, killed if it blocks.
+  const std::string fifo = dir + "/mhccl-tune-out-test.fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const pid_t pid = fork();
+  if (pid == 0) _exit(tune::merged_table(fifo, fresh, "c", "d")["entries"].size() == 1 ? 0 : 1);
+  int status = 0;
+  for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i) usleep(20000);
+  if (waitpid(pid, &status, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ADD_FAILURE() << "merged_table blocked on a FIFO for 10 s";
+  } else {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::remove(fifo.c_str());
 }
 
 }  // namespace

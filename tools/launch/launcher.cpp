@@ -22,24 +22,38 @@ void on_signal(int) { g_interrupted = 1; }
 struct Child {
   pid_t pid = -1;
   int fd = -1;
-  std::string pending;  // output not yet ended by a newline
+  std::string pending;     // output not yet ended by a newline (under kLongLine bytes)
+  bool mid_line = false;   // the start of the current line went out already (a long line)
   bool exited = false;
   int code = 0;
 };
 
+// A line longer than this goes out in pieces, its prefix before the first only: pending stays
+// small, so that each read is scanned once (a rank writing 128 MB without a newline took the
+// launcher 44 s, rescanning its whole output at every 8 KiB read, while the rank blocked on its
+// full pipe).
+constexpr size_t kLongLine = 64 * 1024;
+
+// Forwards the complete lines of c.pending, bytes as they are (a NUL included), each after the
+// rank's prefix; `final`: the rest too, ended by a newline.
 void flush_lines(Child& c, int rank, bool prefix, bool final) {
+  auto put = [&](size_t from, size_t n) {
+    if (prefix && !c.mid_line) std::printf("[rank %d] ", rank);
+    std::fwrite(c.pending.data() + from, 1, n, stdout);
+  };
   size_t start = 0;
   for (;;) {
     const size_t nl = c.pending.find('\n', start);
     if (nl == std::string::npos) break;
-    if (prefix) std::printf("[rank %d] ", rank);
-    std::fwrite(c.pending.data() + start, 1, nl + 1 - start, stdout);
+    put(start, nl + 1 - start);
+    c.mid_line = false;
     start = nl + 1;
   }
   c.pending.erase(0, start);
-  if (final && !c.pending.empty()) {
-    if (prefix) std::printf("[rank %d] ", rank);
-    std::printf("%s\n", c.pending.c_str());
+  if (!c.pending.empty() && (final || c.pending.size() >= kLongLine)) {
+    put(0, c.pending.size());
+    c.mid_line = !final;
+    if (final) std::fputc('\n', stdout);
     c.pending.clear();
   }
   std::fflush(stdout);
@@ -265,6 +279,7 @@ bool write_file(const std::string& path, const std::string& text) {
 bool can_write_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (path.empty()) return false;  // no file: written "there", nothing would be
   // An existing path: anything but a folder that this process may write (a file, /dev/stdout, a pipe).
   if (fs::exists(path, ec)) return !fs::is_directory(path, ec) && access(path.c_str(), W_OK) == 0;
   fs::path dir = fs::path(path).parent_path();

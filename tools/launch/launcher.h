@@ -33,7 +33,8 @@ Result run(const Options& opts);
 
 // Whether the tools (mhccl-bench --json, mhccl-tune --out) can write `path`, asked before a run
 // of minutes rather than found after it: an existing path that is no folder and that this
-// process may write (a file, /dev/stdout, a pipe), else a folder it may write in. Creates nothing.
+// process may write (a file, /dev/stdout, a pipe), else a folder it may write in; never
+// an empty path. Creates nothing.
 bool can_write_file(const std::string& path);
 // Writes `text` to `path` (replacing it); whether every byte was written and the file closed.
 bool write_file(const std::string& path, const std::string& text);

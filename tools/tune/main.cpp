@@ -20,6 +20,7 @@
 #include "common/devices.h"
 #include "launch/launcher.h"
 #include "ops/tuning.h"
+#include "tune/table.h"
 #include "tune/tune.h"
 #include "tune/verify.h"
 
@@ -56,42 +57,6 @@ std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "mhccl-tune";
-}
-
-// Whether two entries have one key as the loader compares keys (NCCL by major.minor): the fresh
-// entry replaces the old one (an entry of NCCL 2.28.3 beside a fresh one of 2.28.9 is refused).
-bool same_key(const json& a, const json& b) {
-  if (!a.contains("key") || !b.contains("key") || !a["key"].is_object() || !b["key"].is_object()) return false;
-  auto normal = [](json k) {
-    if (k.contains("nccl") && k["nccl"].is_string()) k["nccl"] = tuning::major_minor(k["nccl"].get<std::string>());
-    return k;
-  };
-  return normal(a["key"]) == normal(b["key"]);
-}
-
-// The table at `path` with `fresh` entries: an existing table of this schema keeps its entries
-// of other keys (tune each TP or shape once, into one file); another file is replaced.
-json merged_table(const std::string& path, const json& fresh, const Options& o, const std::string& date) {
-  json table = {{"schema_version", tuning::kSchemaVersion},
-                {"generator", std::string("mhccl-tune ") + tuning::library_version()},
-                {"created", date},
-                {"command", o.command},
-                {"entries", json::array()}};
-  std::ifstream f(path);
-  if (f) {
-    const json old = json::parse(f, nullptr, /*allow_exceptions=*/false);
-    if (old.is_object() && old.value("schema_version", 0) == tuning::kSchemaVersion && old.contains("entries") &&
-        old["entries"].is_array()) {
-      for (const json& e : old["entries"]) {
-        bool replaced = false;
-        for (const json& n : fresh) replaced = replaced || same_key(e, n);
-        if (!replaced) table["entries"].push_back(e);
-      }
-      std::printf("mhccl-tune: %s exists: kept its %zu entries of other keys\n", path.c_str(), table["entries"].size());
-    }
-  }
-  for (const json& n : fresh) table["entries"].push_back(n);
-  return table;
 }
 
 // Every (variant, op, M): the defaults' path and time against the chosen one's, on the sweep's
@@ -296,7 +261,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   mhccl::tune::print_summary(entries);
-  const json table = mhccl::tune::merged_table(out, entries, o, date);
+  const json table = mhccl::tune::merged_table(out, entries, o.command, date);
   if (!mhccl::launch::write_file(out, table.dump(1) + "\n")) {
     std::fprintf(stderr, "mhccl-tune: could not write the table to %s\n", out.c_str());
     return 2;
