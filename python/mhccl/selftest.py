@@ -17,7 +17,39 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
-from ._errors import ArgumentTypeError, NoDeviceError
+from ._errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError
+
+
+def _env_int(name: str, default: int) -> int:
+    """The environment variable ``name`` as a whole number >= 0 (``default`` when unset or empty)."""
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    if not (value.isascii() and value.isdigit()):
+        raise InvalidArgumentError(f"{name}: expected a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def _list_arg(name: str, value: Any) -> List[Any]:
+    """A sequence argument as a list (None: empty); a str, or anything that is not iterable, is an
+    ArgumentTypeError naming it. Never its truth value (a numpy array or a tensor has none)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        raise ArgumentTypeError(f"{name}: expected a sequence, got {type(value).__name__} {value!r} "
+                                f"(write [{value!r}])")
+    try:
+        return list(value)
+    except TypeError:
+        raise ArgumentTypeError(f"{name}: expected a sequence, got {type(value).__name__}") from None
+
+
+def _comma_ints(text: str) -> List[int]:
+    """``--ms``: a comma list of whole numbers (argparse's type: a bad item exits 2 naming it)."""
+    try:
+        return [int(m) for m in text.split(",") if m]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of whole numbers, got {text!r}") from None
 
 
 def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mult: int = 4, top_k: int = 6,
@@ -49,16 +81,13 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     hidden_size = _api._int_arg("hidden_size", hidden_size)
     hc_mult = _api._int_arg("hc_mult", hc_mult, **_api._INT32)
     top_k = _api._int_arg("top_k", top_k, **_api._INT32)
-    if isinstance(variants, (str, bytes)):
-        raise ArgumentTypeError(f"variants: expected a sequence of str, got {type(variants).__name__} "
-                                f"{variants!r} (write [{variants!r}])")
-    variant_list = [_api._str_arg("variants", v) for v in (variants or [])]
-    m_list = [_api._int_arg("ms", m) for m in (ms or [])]
+    variant_list = [_api._str_arg("variants", v) for v in _list_arg("variants", variants)]
+    m_list = [_api._int_arg("ms", m) for m in _list_arg("ms", ms)]
     tuning_file = _api._path_str_arg("tuning_file", tuning_file)
     print_cases = _api._bool_arg("print_cases", print_cases)
     lib = _api._lib()
     if device is None:
-        device = int(os.environ.get("LOCAL_RANK", "0"))
+        device = _env_int("LOCAL_RANK", 0)
     comm = _api._new_communicator(_api._group_layout(group), _api._device_index(device))
     try:
         ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, variant_list, m_list, tuning_file,
@@ -75,17 +104,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--top-k", type=int, default=6, help="top_k of finalize (default 6)")
     p.add_argument("--variants", default="", help="comma list of plain, mxfp8, residual_only, fp8, fp8_ue8m0 "
                                                   "(default: every variant H allows)")
-    p.add_argument("--ms", default="", help="comma list of M (default 1,7,97,300)")
+    p.add_argument("--ms", type=_comma_ints, default=[], help="comma list of M (default 1,7,97,300)")
     p.add_argument("--tuning-file", default="", help="build the automatic path's op with this tuning table")
     p.add_argument("--device", type=int, default=None, help="CUDA device (default: LOCAL_RANK, else 0)")
     a = p.parse_args(argv)
     group = None
     try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: the world group
+        if _env_int("WORLD_SIZE", 1) > 1:  # under torchrun: the world group
             import torch
             import torch.distributed as dist
 
-            local = int(os.environ.get("LOCAL_RANK", "0"))
+            local = _env_int("LOCAL_RANK", 0)
             if not torch.cuda.is_available():  # else init_process_group("nccl") raises a ValueError (exit 1)
                 raise NoDeviceError("no CUDA device: PyTorch sees none (torch.cuda.is_available() is False), "
                                     "and the group's NCCL process group needs one a rank")
@@ -94,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 dist.init_process_group("nccl")
         ok, _, first = run(group, a.device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
                            variants=[v for v in a.variants.split(",") if v],
-                           ms=[int(m) for m in a.ms.split(",") if m], tuning_file=a.tuning_file)
+                           ms=a.ms, tuning_file=a.tuning_file)
     except NoDeviceError as e:
         print(f"mhccl.selftest: {e}", file=sys.stderr)  # the message says "no CUDA device" and CUDA's reason
         return 2

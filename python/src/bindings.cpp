@@ -126,17 +126,29 @@ std::vector<mhccl::ErrorCode> error_codes() {
   }
 }
 
+// A C++ string as a Python str: UTF-8, an invalid byte as a backslash escape ("\\xff"). The
+// library's messages and reports quote paths and environment variables as they are, which need
+// not be UTF-8 (nanobind's own conversion raised UnicodeDecodeError in place of the report or the
+// mhccl error carrying them).
+nb::str text(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(o);
+}
+
 // mhccl::Error as the Python exception of its code (mhccl._errors.from_cpp). Should that module
 // not import (a broken installation), the builtin classes the codes once mapped to, with the
 // message, so that the error itself is never lost.
 void set_python_error(const mhccl::Error& e) {
   try {
     nb::object exc = nb::module_::import_("mhccl._errors")
-                         .attr("from_cpp")(mhccl::error_code_id(e.code()), e.what(), e.peer(),
-                                           e.call_index(), e.op());
+                         .attr("from_cpp")(mhccl::error_code_id(e.code()), text(e.what()), e.peer(),
+                                           e.call_index(), text(e.op()));
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   } catch (nb::python_error&) {  // discarded: the original error is the one to report
-    PyErr_SetString(e.is_argument_error() ? PyExc_ValueError : PyExc_RuntimeError, e.what());
+    PyObject* message = PyUnicode_DecodeUTF8(e.what(), static_cast<Py_ssize_t>(std::strlen(e.what())), "backslashreplace");
+    PyErr_SetObject(e.is_argument_error() ? PyExc_ValueError : PyExc_RuntimeError, message);
+    Py_XDECREF(message);
   }
 }
 
@@ -204,11 +216,15 @@ NB_MODULE(_mhccl, m) {
     return ids;
   }, "Every mhccl::ErrorCode enumerator's name, in the enum's order (for the tests).");
   // A C++ mhccl::Error of the code named, thrown through the translator above (for the tests).
-  m.def("_raise_for_test", [](const std::string& code_id, const std::string& message, int peer,
+  // `message` may be bytes: a message that is not UTF-8, as one quoting a path can be.
+  m.def("_raise_for_test", [](const std::string& code_id, nb::handle message, int peer,
                               int64_t call_index, const std::string& op) {
+    const std::string what = nb::isinstance<nb::bytes>(message)
+                                 ? std::string(nb::borrow<nb::bytes>(message).c_str(), nb::len(message))
+                                 : nb::cast<std::string>(message);
     for (const auto code : error_codes()) {
       if (code_id == mhccl::error_code_id(code)) {
-        throw mhccl::Error(code, message, mhccl::ErrorContext{peer, call_index, op});
+        throw mhccl::Error(code, what, mhccl::ErrorContext{peer, call_index, op});
       }
     }
     throw mhccl::Error(mhccl::ErrorCode::kInvalidArgument,
@@ -216,7 +232,7 @@ NB_MODULE(_mhccl, m) {
   }, nb::arg("code_id"), nb::arg("message"), nb::arg("peer") = -1, nb::arg("call_index") = -1,
      nb::arg("op") = "");
 
-  m.def("environment_report", &mhccl::environment_report,
+  m.def("environment_report", [] { return text(mhccl::environment_report()); },
         "The C++ library's environment report (mhccl/info.h): versions, GPUs, P2P matrix, variables.");
   m.def("mxfp8_scale_bytes", &mhccl::mxfp8_scale_bytes, nb::arg("m"), nb::arg("hidden"));
   // The C++ definitions (-1 out of range), for the tests to hold the Python twins against.
@@ -337,7 +353,7 @@ NB_MODULE(_mhccl, m) {
       .def("protocol_for", [](const mhccl::AllReduceMHC& op, int64_t m, bool finalize) {
              return std::string(mhccl::protocol_name(op.protocol_for(m, finalize)));
            }, nb::arg("m"), nb::arg("finalize") = false)
-      .def_prop_ro("tuning_source", [](const mhccl::AllReduceMHC& op) { return op.tuning_source(); })
+      .def_prop_ro("tuning_source", [](const mhccl::AllReduceMHC& op) { return text(op.tuning_source()); })
       .def_prop_ro("two_shot_min_rows", [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_rows; })
       .def_prop_ro("two_shot_min_finalize_rows",
                    [](const mhccl::AllReduceMHC& op) { return op.config().two_shot_min_finalize_rows; })
@@ -416,10 +432,13 @@ NB_MODULE(_mhccl, m) {
           if (!ms.empty()) o.ms = ms;
           o.tuning_file = tuning_file;
           o.print = print;
-          nb::gil_scoped_release release;
-          SelfTestStream guard(comm.device());
-          const mhccl::tune::VerifyResult r = mhccl::tune::verify(comm, guard.stream, o);
-          return std::make_tuple(r.ok, r.report, r.first_failure);
+          mhccl::tune::VerifyResult r;
+          {
+            nb::gil_scoped_release release;
+            SelfTestStream guard(comm.device());
+            r = mhccl::tune::verify(comm, guard.stream, o);
+          }
+          return std::make_tuple(r.ok, text(r.report), text(r.first_failure));
         }, nb::arg("comm"), nb::arg("hidden_size") = 5120, nb::arg("hc_mult") = 4, nb::arg("top_k") = 6,
         nb::arg("variants") = std::vector<std::string>{}, nb::arg("ms") = std::vector<int64_t>{},
         nb::arg("tuning_file") = "", nb::arg("print") = true);

@@ -561,3 +561,13 @@ def test_a_meta_tensor_as_a_size_is_an_argument_type_error_held_at_tp2(monkeypat
     assert reached == ([1, 1] if tp == 2 else []), reached
     if tp == 2:
         assert isinstance(info.value.__cause__, _Collective), info.value.__cause__
+
+
+@pytest.mark.parametrize("code", ["kInvalidArgument", "kCuda"])
+def test_a_message_that_is_not_utf8_arrives_escaped(code):
+    # A message quoting a path or a variable as it is (a review, 2026-12-05: nanobind's strict
+    # decoding raised UnicodeDecodeError in place of the mhccl error, its code lost).
+    with pytest.raises(CLASSES[code]) as info:
+        _lib()._raise_for_test(code, b"tuning table /tmp/\xff\xfe.json: cannot read it", 1, 2, "AllReduceMHC")
+    assert str(info.value) == "tuning table /tmp/\\xff\\xfe.json: cannot read it"
+    assert info.value.code == code

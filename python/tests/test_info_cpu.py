@@ -90,3 +90,13 @@ def test_the_no_device_error_says_why(report):
         _mhccl.Communicator(bytes(128), 0, 1, 0)
     assert str(e.value) == (f"Communicator: no CUDA device ({why}): mhccl needs an NVIDIA GPU (sm_90+) "
                             "with a driver; python -m mhccl.info or mhccl-bench --info says more")
+
+
+def test_info_reports_a_variable_that_is_not_utf8():
+    # The bug-report tool on the odd environment it should report (a review, 2026-12-05: a
+    # traceback with UnicodeDecodeError, exit 1).
+    env = dict(os.environb)
+    env[b"MHCCL_DEBUG"] = b"\xff\xfe"
+    out = subprocess.run([sys.executable, "-m", "mhccl.info"], capture_output=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert b"MHCCL_DEBUG=\\xff\\xfe" in out.stdout, out.stdout

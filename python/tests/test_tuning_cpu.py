@@ -128,7 +128,9 @@ def test_selftest_without_a_gpu_says_why():
     (dict(variants=["plain", 1]), mhccl.ArgumentTypeError, "variants"),
     (dict(ms=[1, 7.5]), mhccl.ArgumentTypeError, "ms"),
     (dict(tuning_file=3), mhccl.ArgumentTypeError, "tuning_file"),
-    (dict(print_cases=1), mhccl.ArgumentTypeError, "print_cases")])
+    (dict(print_cases=1), mhccl.ArgumentTypeError, "print_cases"),
+    (dict(ms=5), mhccl.ArgumentTypeError, "ms"),
+    (dict(variants=5), mhccl.ArgumentTypeError, "variants")])
 def test_selftest_refuses_an_argument_before_its_communicator(monkeypatch, kwargs, cls, name):
     """``mhccl.selftest.run``'s arguments are checked, and named, before its collective
     communicator is built: until 2026-12-05 (a review) an M of 7.5 ran as 7, a ``variants`` str
@@ -141,3 +143,39 @@ def test_selftest_refuses_an_argument_before_its_communicator(monkeypatch, kwarg
     monkeypatch.setattr(_api, "_new_communicator", collective)
     with pytest.raises(cls, match=name):
         selftest.run(device=0, **kwargs)
+
+
+def test_selftest_takes_any_sequence_and_names_a_bad_local_rank(monkeypatch):
+    """A numpy array (or a tensor) of M is a sequence like any other: its truth value was asked
+    for (a raw ValueError, "ambiguous"); LOCAL_RANK=abc gave int()'s ValueError, the variable
+    unnamed (a review, 2026-12-05)."""
+    import numpy as np
+    from mhccl import selftest
+
+    built = []
+
+    def collective(*args, **kwargs):
+        built.append(args)
+        raise AssertionError("the communicator was built")
+    monkeypatch.setattr(_api, "_new_communicator", collective)
+    with pytest.raises(AssertionError, match="the communicator was built"):
+        selftest.run(device=0, ms=np.array([1, 7]), variants=("plain",))
+    with pytest.raises(mhccl.ArgumentTypeError, match="ms"):
+        selftest.run(device=0, ms=np.array([1.5]))
+    monkeypatch.setenv("LOCAL_RANK", "abc")
+    with pytest.raises(mhccl.InvalidArgumentError, match="LOCAL_RANK"):
+        selftest.run()
+    assert len(built) == 1
+
+
+@pytest.mark.parametrize("args,env,code,says", [
+    (["--ms", "1,x"], {}, 2, "--ms: expected a comma list of whole numbers"),
+    ([], {"WORLD_SIZE": "two"}, 1, "WORLD_SIZE: expected a whole number")])
+def test_selftest_command_line_names_a_bad_value(args, env, code, says):
+    pytest.importorskip("mhccl._mhccl")
+    full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MHCCL_TUNING_FILE")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-m", "mhccl.selftest", *args], capture_output=True, text=True, env=full,
+                         timeout=300)
+    assert out.returncode == code, out.stdout + out.stderr
+    assert says in out.stderr, out.stderr
