@@ -19,6 +19,8 @@
 
 #include "common/devices.h"
 #include "launch/launcher.h"
+#include "mhccl/checks.h"
+#include "mhccl/error.h"
 #include "ops/tuning.h"
 #include "tune/table.h"
 #include "tune/tune.h"
@@ -178,6 +180,20 @@ int main(int argc, char** argv) {
   if (o.calls_per_graph <= 0) o.calls_per_graph = o.quick ? 10 : 20;
   for (const std::string& v : variants) {  // each once: the table takes one entry a key
     if (!v.empty() && std::find(o.variants.begin(), o.variants.end(), v) == o.variants.end()) o.variants.push_back(v);
+  }
+  // The shape itself, as an op's construction checks it (H a positive multiple of 8, hc, top_k,
+  // the capacity), before the variants H allows are named.
+  try {
+    mhccl::AllReduceMHCConfig shape;
+    shape.hidden_size = o.hidden;
+    shape.hc_mult = o.hc;
+    shape.top_k = o.top_k;
+    shape.max_num_tokens = o.max_rows;
+    mhccl::check_all_reduce_mhc_config(shape, 1);
+  } catch (const mhccl::Error& e) {
+    std::fprintf(stderr, "mhccl-tune: --hidden %lld --hc %d --top-k %d: %s\n", (long long)o.hidden, o.hc, o.top_k,
+                 e.what());
+    return 2;
   }
   const std::vector<std::string> allowed = mhccl::tune::variants_for(o.hidden);
   for (const std::string& v : o.variants) {
