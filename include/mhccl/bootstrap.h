@@ -18,9 +18,10 @@ struct RankEnvironment {
 
 // From MHCCL_RANK / MHCCL_WORLD_SIZE / MHCCL_LOCAL_RANK (mhccl-launch), torchrun's RANK /
 // WORLD_SIZE / LOCAL_RANK, or Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, in that
-// order; none set: a single rank. Throws Error(kInvalidArgument) on a value that is not decimal
-// digits (at most 2^20), a rank not below the size, or a rank without its size (or a size
-// without its rank) in one scheme.
+// order: the first whose rank and size are both set; none set: a single rank. Throws
+// Error(kInvalidArgument) on a value that is not decimal digits (at most 2^20), a rank not below
+// the size, or, when no scheme is set whole, a rank without its size (or a size other than 1
+// without its rank).
 RankEnvironment rank_environment();
 
 // Rank 0 makes an NCCL unique id and writes it to env.unique_id_file (atomically: write, then

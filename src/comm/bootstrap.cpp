@@ -38,16 +38,16 @@ RankEnvironment rank_environment() {
       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
   };
+  // The first scheme with both its rank and its size set. A scheme with one of them only (a job
+  // script exporting WORLD_SIZE for PyTorch, then starting the ranks with mpirun) is passed
+  // over; only when no scheme is whole is it an error, since this process would otherwise run
+  // as a group of one, reducing nothing. (A size of 1 alone is a group of one.)
+  const Scheme* half = nullptr;
   for (const Scheme& s : schemes) {
     int rank = 0, size = 0;
     const bool has_rank = read_int(s.rank, &rank), has_size = read_int(s.size, &size);
-    if (!has_rank && !has_size) continue;
-    // One without the other would run this process as a group of one, reducing nothing.
-    if (has_rank != has_size) {
-      throw Error(ErrorCode::kInvalidArgument, std::string(has_rank ? s.rank : s.size) + " is set but " +
-                                                   (has_rank ? s.size : s.rank) + " is not (" + s.name +
-                                                   "'s rank environment needs both)");
-    }
+    if (has_rank != has_size && half == nullptr && !(has_size && size == 1)) half = &s;
+    if (!has_rank || !has_size) continue;
     if (size < 1 || rank >= size) {
       throw Error(ErrorCode::kInvalidArgument, std::string(s.rank) + "=" + std::to_string(rank) +
                                                    " is not below " + s.size + "=" + std::to_string(size));
@@ -57,7 +57,14 @@ RankEnvironment rank_environment() {
     env.local_rank = rank;
     read_int(s.local, &env.local_rank);
     env.source = s.name;
+    half = nullptr;
     break;
+  }
+  if (half != nullptr) {
+    const bool has_rank = std::getenv(half->rank) != nullptr && *std::getenv(half->rank) != '\0';
+    throw Error(ErrorCode::kInvalidArgument, std::string(has_rank ? half->rank : half->size) + " is set but " +
+                                                 (has_rank ? half->size : half->rank) + " is not (" + half->name +
+                                                 "'s rank environment needs both; no other launcher's is set whole)");
   }
   if (const char* f = std::getenv("MHCCL_UNIQUE_ID_FILE")) env.unique_id_file = f;
   return env;

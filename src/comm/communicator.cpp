@@ -100,9 +100,11 @@ std::string divergence_message(int rank, int peer, const std::string& where, con
     const bool both_all_reduce = kernels::identity_op(mine) != kernels::kOpAllGather &&
                                  kernels::identity_op(theirs) != kernels::kOpAllGather;
     why = both_all_reduce ? "the ranks made different calls at the same point (call on one, finalize on the other)"
-                          : "the ranks made different calls at the same point (an all-gather on one, an all-reduce "
-                            "on the other: on the NCCL fallback the ops of a communicator share one NCCL "
-                            "communicator, which pairs calls by their order)";
+          : kernels::identity_protocol(mine) == kernels::kProtoNccl
+              ? "the ranks made different calls at the same point (an all-gather on one, an all-reduce on the "
+                "other: on the NCCL fallback the ops of a communicator share one NCCL communicator, which pairs "
+                "calls by their order)"
+              : "the ranks made different calls at the same point (an all-gather on one, an all-reduce on the other)";
   } else if (kernels::identity_size(mine) != kernels::identity_size(theirs)) {
     why = kernels::identity_op(mine) == kernels::kOpAllGather ? "the ranks gathered different sizes at the same call"
                                                                : "the ranks called with different M at the same call";

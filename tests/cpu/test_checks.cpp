@@ -955,7 +955,8 @@ TEST(EnvOverrides, IntegersInRangeOnly) {
 
 // The rank environment (bootstrap.h): a scheme with its rank but not its size (or the reverse)
 // ran as a group of one (rank 0 of 1: every process reducing nothing), and " 1" or "+2" were
-// read as numbers. Each is refused naming the variable.
+// read as numbers. Each is refused naming the variable, unless another scheme is set whole (a
+// job script exporting WORLD_SIZE for PyTorch, its ranks started by mpirun: that scheme serves).
 TEST(RankEnvironment, HalfSetOrMalformedIsRefused) {
   const char* vars[] = {"MHCCL_RANK", "MHCCL_WORLD_SIZE", "MHCCL_LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                         "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"};
@@ -964,28 +965,39 @@ TEST(RankEnvironment, HalfSetOrMalformedIsRefused) {
     if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
     ::unsetenv(v);
   }
-  auto refused = [](const char* name) {
+  // "" when rank_environment() throws kInvalidArgument with `says` in its message, else what it did.
+  auto refused = [](const std::string& says) {
     try {
-      rank_environment();
-      return std::string("accepted");
+      const RankEnvironment env = rank_environment();
+      return "accepted: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument) return std::string("code ") + e.what();
-      return std::string(e.what()).find(name) != std::string::npos ? std::string() : std::string(e.what());
+      return std::string(e.what()).find(says) != std::string::npos ? std::string() : std::string(e.what());
     }
   };
   EXPECT_EQ(rank_environment().world_size, 1);
   ::setenv("MHCCL_RANK", "1", 1);
-  EXPECT_EQ(refused("MHCCL_WORLD_SIZE"), "");
+  EXPECT_EQ(refused("MHCCL_RANK is set but MHCCL_WORLD_SIZE is not"), "");
   ::setenv("MHCCL_WORLD_SIZE", "", 1);  // empty: not set
-  EXPECT_EQ(refused("MHCCL_WORLD_SIZE"), "");
+  EXPECT_EQ(refused("MHCCL_RANK is set but MHCCL_WORLD_SIZE is not"), "");
   ::unsetenv("MHCCL_RANK");
+  ::unsetenv("MHCCL_WORLD_SIZE");
   ::setenv("WORLD_SIZE", "2", 1);
-  EXPECT_EQ(refused("RANK"), "");
+  EXPECT_EQ(refused("WORLD_SIZE is set but RANK is not"), "");
+  // Another scheme set whole serves; WORLD_SIZE=1 alone is a group of one.
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(rank_environment().source, "mpirun");
+  EXPECT_EQ(rank_environment().rank, 1);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::setenv("WORLD_SIZE", "1", 1);
+  EXPECT_EQ(rank_environment().world_size, 1);
   ::unsetenv("WORLD_SIZE");
   for (const char* bad : {" 1", "+1", "1 ", "0x1", "-0", "1048577", "99999999999999999999"}) {
     ::setenv("MHCCL_RANK", bad, 1);
     ::setenv("MHCCL_WORLD_SIZE", "2", 1);
-    EXPECT_EQ(refused("MHCCL_RANK"), "") << "MHCCL_RANK='" << bad << "'";
+    EXPECT_EQ(refused("MHCCL_RANK: expected a rank count or index"), "") << "MHCCL_RANK='" << bad << "'";
   }
   ::setenv("MHCCL_RANK", "1", 1);
   ::setenv("MHCCL_WORLD_SIZE", "2", 1);

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <string>
 #include <vector>
@@ -649,15 +651,24 @@ TEST(TuneOutput, KeepsOtherKeysOfAReadableTableAndReplacesAnythingElse) {
   EXPECT_EQ(t["entries"][0]["key"]["tp"], 4);
   EXPECT_EQ(t["entries"][1]["thresholds"]["two_shot_min_rows"], 512);
   EXPECT_EQ(tuning::parse_table(t.dump(), "merged").entries.size(), 2u);  // the loader reads it
-  // Anything else there is replaced: the fresh entries alone.
+  // Anything else there is moved to PATH.bak (a table one hand-edited entry breaks is not lost),
+  // and the table holds the fresh entries alone.
+  const std::string bak = path + ".bak";
   for (const std::string& old : {std::string(R"({"schema_version": "1", "entries": []})"),
                                  std::string(R"({"schema_version": null, "entries": []})"),
                                  std::string(R"({"schema_version": 2, "entries": [1]})"), std::string("not json"),
-                                 table_json({"3"}), std::string()}) {
+                                 table_json({"3"}), table_json({entry_json(4, R"({"two_shot_min_rows": 0})")})}) {
+    std::remove(bak.c_str());
     t = merged_from(old);
     ASSERT_EQ(t["entries"].size(), 1u) << old;
     EXPECT_EQ(t["entries"][0]["thresholds"]["two_shot_min_rows"], 512) << old;
+    std::ifstream kept(bak, std::ios::binary);
+    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()), old);
   }
+  std::remove(bak.c_str());
+  t = merged_from("");  // an empty file: nothing to keep
+  EXPECT_EQ(t["entries"].size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(bak));
   std::remove(path.c_str());
   // A FIFO (no writer): never opened. In a child, killed if it blocks.
   const std::string fifo = dir + "/mhccl-tune-out-test.fifo";

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,39 +23,34 @@ void on_signal(int) { g_interrupted = 1; }
 struct Child {
   pid_t pid = -1;
   int fd = -1;
-  std::string pending;     // output not yet ended by a newline (under kLongLine bytes)
-  bool mid_line = false;   // the start of the current line went out already (a long line)
+  std::string pending;  // output not yet ended by a newline
+  size_t scanned = 0;   // pending's bytes already searched for one (none there)
   bool exited = false;
   int code = 0;
 };
 
-// A line longer than this goes out in pieces, its prefix before the first only: pending stays
-// small, so that each read is scanned once (a rank writing 128 MB without a newline took the
-// launcher 44 s, rescanning its whole output at every 8 KiB read, while the rank blocked on its
-// full pipe).
-constexpr size_t kLongLine = 64 * 1024;
-
-// Forwards the complete lines of c.pending, bytes as they are (a NUL included), each after the
-// rank's prefix; `final`: the rest too, ended by a newline.
+// Forwards the complete lines of c.pending, each whole after the rank's prefix (the ranks share
+// stdout: a line is never split), bytes as they are (a NUL included); `final`: the rest too,
+// ended by a newline. Each byte is searched for a newline once: a rank writing 128 MB without
+// one took the launcher 44 s when its whole pending output was searched again at every 8 KiB
+// read (the rank blocked on its full pipe meanwhile).
 void flush_lines(Child& c, int rank, bool prefix, bool final) {
-  auto put = [&](size_t from, size_t n) {
-    if (prefix && !c.mid_line) std::printf("[rank %d] ", rank);
-    std::fwrite(c.pending.data() + from, 1, n, stdout);
-  };
   size_t start = 0;
   for (;;) {
-    const size_t nl = c.pending.find('\n', start);
+    const size_t nl = c.pending.find('\n', std::max(start, c.scanned));
     if (nl == std::string::npos) break;
-    put(start, nl + 1 - start);
-    c.mid_line = false;
+    if (prefix) std::printf("[rank %d] ", rank);
+    std::fwrite(c.pending.data() + start, 1, nl + 1 - start, stdout);
     start = nl + 1;
   }
   c.pending.erase(0, start);
-  if (!c.pending.empty() && (final || c.pending.size() >= kLongLine)) {
-    put(0, c.pending.size());
-    c.mid_line = !final;
-    if (final) std::fputc('\n', stdout);
+  c.scanned = c.pending.size();
+  if (final && !c.pending.empty()) {
+    if (prefix) std::printf("[rank %d] ", rank);
+    std::fwrite(c.pending.data(), 1, c.pending.size(), stdout);
+    std::fputc('\n', stdout);
     c.pending.clear();
+    c.scanned = 0;
   }
   std::fflush(stdout);
 }

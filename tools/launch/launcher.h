@@ -31,6 +31,12 @@ struct Result {
 // Runs opts.nprocs copies of opts.argv and waits for them.
 Result run(const Options& opts);
 
+// mhccl-launch's command line, [-n N] [--timeout S] [--grace S] [--no-prefix] [--] PROGRAM
+// [ARGS...], into `opts` (nprocs 0: every local GPU). Returns -1 to go on and run, else the exit
+// code, having printed why: 0 after --help, 2 for a bad command line. Counts and seconds are
+// whole numbers in decimal digits ("010" is 10); an option given twice takes its last value.
+int parse_command_line(int argc, char** argv, Options& opts);
+
 // Whether the tools (mhccl-bench --json, mhccl-tune --out) can write `path`, asked before a run
 // of minutes rather than found after it: an existing path that is no folder and that this
 // process may write (a file, /dev/stdout, a pipe), else a folder it may write in; never

@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
   bool no_compare = false;
   app.add_flag("--no-compare", no_compare,
                "do not time the chosen entry's automatic choice against the defaults' again after the sweep");
-  app.add_option("--out", out, "the table to write (default ./mhccl-tuning.json; entries of other keys in it are kept)");
+  app.add_option("--out", out, "the table to write (default ./mhccl-tuning.json; a table of this schema there keeps its entries of other "
+                                "keys, another file is moved to OUT.bak)");
   app.add_option("--repeats", o.repeats, "timed repeats, the median is taken (default 11; --quick 5)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--calls-per-graph", o.calls_per_graph, "calls captured per CUDA graph (default 20; --quick 10)")
@@ -191,8 +192,8 @@ int main(int argc, char** argv) {
     shape.max_num_tokens = o.max_rows;
     mhccl::check_all_reduce_mhc_config(shape, 1);
   } catch (const mhccl::Error& e) {
-    std::fprintf(stderr, "mhccl-tune: --hidden %lld --hc %d --top-k %d: %s\n", (long long)o.hidden, o.hc, o.top_k,
-                 e.what());
+    std::fprintf(stderr, "mhccl-tune: --hidden %lld --hc %d --top-k %d --max-rows %lld: %s\n", (long long)o.hidden,
+                 o.hc, o.top_k, (long long)o.max_rows, e.what());
     return 2;
   }
   const std::vector<std::string> allowed = mhccl::tune::variants_for(o.hidden);
