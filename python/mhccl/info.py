@@ -15,7 +15,7 @@ import importlib
 import os
 import platform
 import sys
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 
 def _nccl_libraries() -> List[str]:
@@ -64,7 +64,12 @@ def report() -> Tuple[str, bool]:
     return "\n".join(lines) + "\n", ext is not None
 
 
-def main() -> int:
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m mhccl.info", description=__doc__.split("\n\n")[1].replace("\n", " "),
+                            epilog="Exit: 0 the report printed; 1 the extension could not be loaded (the report "
+                                   "says why); 2 a bad command line.").parse_args(argv)
     text, loaded = report()
     sys.stdout.write(text)
     return 0 if loaded else 1

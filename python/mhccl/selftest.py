@@ -5,9 +5,9 @@ Over the group (alone: TP=1 on the local GPU, the Lamport paths through its own 
 each path (one-shot and two-shot, streaming on and off, NCCL at TP=2, the automatic choice) and
 variant at a few M, the fused op is checked against the CPU reference and the ranks' bits
 against each other: the C++ self-test ``mhccl-tune --verify`` runs (tools/tune/verify.h). Exit
-code 0 when every case passes, 1 with the reason when one fails, 2 when there is no CUDA
-device or the compiled extension cannot be loaded here (``mhccl.NoDeviceError``: the message
-carries CUDA's own reason).
+code 0 when every case passes, 1 with the reason when one fails, 2 for an argument refused
+(before any GPU is looked for) or when there is no CUDA device or the compiled extension cannot
+be loaded here (``mhccl.NoDeviceError``: the message carries CUDA's own reason).
 """
 
 from __future__ import annotations
@@ -86,9 +86,13 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
     tuning_file = _api._path_str_arg("tuning_file", tuning_file)
     print_cases = _api._bool_arg("print_cases", print_cases)
     lib = _api._lib()
+    layout = _api._group_layout(group)
+    # The variants, M and the shape, as the C++ self-test checks them first: refused here, before
+    # the communicator (and on a machine without a GPU, rather than "no CUDA device").
+    lib.self_test_check(hidden_size, hc_mult, top_k, variant_list, m_list, layout[1])
     if device is None:
         device = _env_int("LOCAL_RANK", 0)
-    comm = _api._new_communicator(_api._group_layout(group), _api._device_index(device))
+    comm = _api._new_communicator(layout, _api._device_index(device))
     try:
         ok, report, first = lib.self_test(comm, hidden_size, hc_mult, top_k, variant_list, m_list, tuning_file,
                                           print_cases)
@@ -106,7 +110,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                   "(default: every variant H allows)")
     p.add_argument("--ms", type=_comma_ints, default=[], help="comma list of M (default 1,7,97,300)")
     p.add_argument("--tuning-file", default="", help="build the automatic path's op with this tuning table")
-    p.add_argument("--device", type=int, default=None, help="CUDA device (default: LOCAL_RANK, else 0)")
+    p.add_argument("--device", default=None, help="CUDA device: N or cuda:N (default: LOCAL_RANK, else 0)")
     a = p.parse_args(argv)
     group = None
     try:
@@ -121,15 +125,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             torch.cuda.set_device(local)
             if not dist.is_initialized():
                 dist.init_process_group("nccl")
-        ok, _, first = run(group, a.device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
+        device = int(a.device) if a.device is not None and a.device.isascii() and a.device.isdigit() else a.device
+        ok, _, first = run(group, device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
                            variants=[v for v in a.variants.split(",") if v],
                            ms=a.ms, tuning_file=a.tuning_file)
     except NoDeviceError as e:
         print(f"mhccl.selftest: {e}", file=sys.stderr)  # the message says "no CUDA device" and CUDA's reason
         return 2
-    except ValueError as e:  # argument errors (mhccl.InvalidArgumentError and the like)
+    except (ValueError, TypeError) as e:  # argument errors (mhccl.InvalidArgumentError and the like)
         print(f"mhccl.selftest: {e}", file=sys.stderr)
-        return 1
+        return 2
     except RuntimeError as e:  # every other mhccl.Error
         print(f"mhccl.selftest: FAILED: {e}", file=sys.stderr)
         return 1

@@ -419,6 +419,18 @@ NB_MODULE(_mhccl, m) {
   m.def("all_gather_accepts", [](int64_t capacity, const Array& in) {
           return mhccl::all_gather_accepts(capacity, *View(in).get());
         }, nb::arg("rank_capacity_bytes"), nb::arg("inp"));
+  // The self-test's own argument checks (tools/tune/verify.h), made before its communicator.
+  m.def("self_test_check", [](int64_t hidden_size, int hc_mult, int top_k, const std::vector<std::string>& variants,
+                              const std::vector<int64_t>& ms, int tp) {
+          mhccl::tune::VerifyOptions o;
+          o.hidden = hidden_size;
+          o.hc = hc_mult;
+          o.top_k = top_k;
+          o.variants = variants;
+          if (!ms.empty()) o.ms = ms;
+          mhccl::tune::check_verify_options(o, tp);
+        }, nb::arg("hidden_size"), nb::arg("hc_mult"), nb::arg("top_k"), nb::arg("variants"), nb::arg("ms"),
+        nb::arg("tp"));
   // The deployment self-test (python -m mhccl.selftest; tools/tune/verify.h): collective over the
   // communicator's group. Returns (ok, report, first_failure).
   m.def("self_test", [](mhccl::Communicator& comm, int64_t hidden_size, int hc_mult, int top_k,

@@ -100,3 +100,11 @@ def test_info_reports_a_variable_that_is_not_utf8():
     out = subprocess.run([sys.executable, "-m", "mhccl.info"], capture_output=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert b"MHCCL_DEBUG=\\xff\\xfe" in out.stdout, out.stdout
+
+
+def test_info_has_help_and_refuses_an_unknown_option():
+    # `--help` and `--json` printed the report and exited 0 (a new user's trial, 2026-12-05).
+    out = subprocess.run([sys.executable, "-m", "mhccl.info", "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m mhccl.info"), out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-m", "mhccl.info", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "unrecognized arguments: --json" in out.stderr, out.stdout + out.stderr

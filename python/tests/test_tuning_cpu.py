@@ -130,7 +130,14 @@ def test_selftest_without_a_gpu_says_why():
     (dict(tuning_file=3), mhccl.ArgumentTypeError, "tuning_file"),
     (dict(print_cases=1), mhccl.ArgumentTypeError, "print_cases"),
     (dict(ms=5), mhccl.ArgumentTypeError, "ms"),
-    (dict(variants=5), mhccl.ArgumentTypeError, "variants")])
+    (dict(variants=5), mhccl.ArgumentTypeError, "variants"),
+    # The C++ self-test's own checks, made before the communicator too (a new user's trial,
+    # 2026-12-05: without a GPU these said "no CUDA device").
+    (dict(hc_mult=3), mhccl.UnsupportedError, "hc_mult"),
+    (dict(hidden_size=5121), mhccl.InvalidArgumentError, "hidden_size"),
+    (dict(variants=["mxfp9"]), mhccl.InvalidArgumentError, "mxfp9"),
+    (dict(hidden_size=4104, variants=["fp8"]), mhccl.InvalidArgumentError, "fp8: not built at H=4104"),
+    (dict(ms=[0]), mhccl.InvalidArgumentError, "every M")])
 def test_selftest_refuses_an_argument_before_its_communicator(monkeypatch, kwargs, cls, name):
     """``mhccl.selftest.run``'s arguments are checked, and named, before its collective
     communicator is built: until 2026-12-05 (a review) an M of 7.5 ran as 7, a ``variants`` str
@@ -170,7 +177,10 @@ def test_selftest_takes_any_sequence_and_names_a_bad_local_rank(monkeypatch):
 
 @pytest.mark.parametrize("args,env,code,says", [
     (["--ms", "1,x"], {}, 2, "--ms: expected a comma list of whole numbers"),
-    ([], {"WORLD_SIZE": "two"}, 1, "WORLD_SIZE: expected a whole number")])
+    (["--hc", "3"], {}, 2, "hc_mult: expected 1, 2, 4 or 8"),
+    (["--variants", "mxfp9"], {}, 2, "got 'mxfp9'"),
+    (["--device", "-1"], {}, 2, "device: expected a CUDA device"),
+    ([], {"WORLD_SIZE": "two"}, 2, "WORLD_SIZE: expected a whole number")])
 def test_selftest_command_line_names_a_bad_value(args, env, code, says):
     pytest.importorskip("mhccl._mhccl")
     full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MHCCL_TUNING_FILE")}

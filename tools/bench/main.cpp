@@ -24,6 +24,7 @@
 #include "common/devices.h"
 #include "common/nvtx.h"
 #include "launch/launcher.h"
+#include "ops/tuning.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
 #include "mhccl/info.h"
@@ -244,8 +245,13 @@ int main(int argc, char** argv) {
   bool worker = false;
   CLI::App app{"mhccl-bench: checks mhccl's ops against the CPU reference on every local GPU, then\n"
                "times them against NCCL baselines (CUDA-graph replays, median of repeats)."};
-  app.add_option("--tp", o.tps, "TP sizes to run (default: every local GPU as one group, then 1)")
-      ->check(CLI::Range(1, 1024));
+  app.footer("Exit: 0 every check passed; 1 a check or a run failed; 2 a bad command line, or no CUDA device (the\n"
+             "reason printed).");
+  app.set_version_flag("--version", std::string("mhccl-bench (mhccl ") + mhccl::tuning::library_version() + ")");
+  app.add_option("--tp", o.tps, "TP sizes to run, 1, 2, 4 or 8 (a list: --tp 2,1 or --tp 2 1; default: every local "
+                                "GPU as one group, then 1)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--ops", o.ops, "comma list of allgather, allreduce, twoshot, fp8 (default: all), and simulated "
                                  "(by name only: TP = 2 and 4 simulated on one GPU, timed at the TP=1 pass)")
       ->delimiter(',')

@@ -139,7 +139,11 @@ int main(int argc, char** argv) {
   CLI::App app{"mhccl-tune: times every AllReduceMHC path that can serve each M on this machine's GPUs (one\n"
                "group of every local GPU; one GPU: TP=1 through its own mailbox) and writes a tuning table of\n"
                "thresholds and launch shapes (docs/TUNING.md). --verify: the deployment self-test."};
-  app.add_option("--tp", tp, "ranks of the group (default: every local GPU)")->check(CLI::Range(1, 1024));
+  app.footer("Exit: 0 the table written (--verify: every case passed); 1 the sweep failed (--verify: a case failed,\n"
+             "the first printed with its reason); 2 a bad command line, or no CUDA device (the reason printed).");
+  app.set_version_flag("--version", std::string("mhccl-tune (mhccl ") + mhccl::tuning::library_version() + ")");
+  app.add_option("--tp", tp, "ranks of the group, 1, 2, 4 or 8 (default: every local GPU)")
+      ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--hidden", o.hidden, "H (default 5120)");
   app.add_option("--hc", o.hc, "hc (default 4)");
   app.add_option("--top-k", o.top_k, "top_k of finalize (default 6)");

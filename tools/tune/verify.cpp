@@ -63,7 +63,7 @@ std::vector<std::string> variants_for(int64_t hidden) {
   return v;
 }
 
-VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions& o) {
+void check_verify_options(const VerifyOptions& o, int tp) {
   const std::vector<std::string> names = o.variants.empty() ? variants_for(o.hidden) : o.variants;
   const std::vector<std::string> allowed = variants_for(o.hidden);
   for (const std::string& n : names) {
@@ -80,15 +80,19 @@ VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions
                   "verify: expected every M in 1.." + std::to_string(kMaxTokens) + ", got " + std::to_string(m));
     }
   }
+  // The shape (H, hc, top_k), checked as an op would, before the buffers of it.
+  AllReduceMHCConfig shape;
+  shape.hidden_size = o.hidden;
+  shape.hc_mult = static_cast<int>(o.hc);
+  shape.top_k = static_cast<int>(o.top_k);
+  shape.max_num_tokens = *std::max_element(o.ms.begin(), o.ms.end());
+  check_all_reduce_mhc_config(shape, tp);
+}
+
+VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions& o) {
+  check_verify_options(o, comm.tp());
+  const std::vector<std::string> names = o.variants.empty() ? variants_for(o.hidden) : o.variants;
   const int64_t cap = *std::max_element(o.ms.begin(), o.ms.end());
-  {  // the shape (H, hc, top_k), checked as an op would, before the buffers of it
-    AllReduceMHCConfig shape;
-    shape.hidden_size = o.hidden;
-    shape.hc_mult = static_cast<int>(o.hc);
-    shape.top_k = static_cast<int>(o.top_k);
-    shape.max_num_tokens = cap;
-    check_all_reduce_mhc_config(shape, comm.tp());
-  }
   const int tp = comm.tp(), rank = comm.rank(), device = comm.device();
   const bool lamport = comm.peers_reachable();
   testing::Group g(comm, stream);

@@ -39,8 +39,14 @@ struct VerifyResult {
 // (H % 32 == 0), fp8 and fp8_ue8m0 (H % 128 == 0).
 std::vector<std::string> variants_for(int64_t hidden);
 
-// Runs the self-test on `stream` (of the communicator's device). Argument errors (an unknown
-// variant, a variant H does not allow) throw Error(kInvalidArgument) before anything runs.
+// The options' own checks, which verify() makes first: an unknown variant, a variant H does not
+// allow, an M outside [1, kMaxTokens] (kInvalidArgument), the shape as an op of a group of `tp`
+// ranks checks it (kInvalidArgument or kUnsupported). Needs no GPU: python -m mhccl.selftest
+// makes them before it builds its communicator.
+void check_verify_options(const VerifyOptions& options, int tp);
+
+// Runs the self-test on `stream` (of the communicator's device). Argument errors (above) throw
+// before anything runs.
 VerifyResult verify(Communicator& comm, cudaStream_t stream, const VerifyOptions& options);
 
 }  // namespace mhccl::tune
