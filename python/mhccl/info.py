@@ -67,7 +67,7 @@ def report() -> Tuple[str, bool]:
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
-    argparse.ArgumentParser(prog="python -m mhccl.info", description=__doc__.split("\n\n")[1].replace("\n", " "),
+    argparse.ArgumentParser(prog="python -m mhccl.info", description=(__doc__ or "\n\n").split("\n\n")[1].replace("\n", " "),
                             epilog="Exit: 0 the report printed; 1 the extension could not be loaded (the report "
                                    "says why); 2 a bad command line.").parse_args(argv)
     text, loaded = report()

@@ -73,8 +73,11 @@ def run(group: Any = None, device: Any = None, *, hidden_size: int = 5120, hc_mu
             not an int, a ``variants`` given as one str), named, before the communicator is
             built (so at TP > 1 the peers of a rank that raised it wait out their budget in
             that collective construction, as for any call one rank does not make);
+        mhccl.InvalidArgumentError, mhccl.UnsupportedError (ValueErrors): an unknown variant, a
+            variant H does not allow, an M out of range, a shape an op refuses: the C++
+            self-test's own checks, also made before the communicator is built;
         mhccl.Error (a RuntimeError): no CUDA device (the message says CUDA's reason), NCCL or
-            CUDA failures; ValueError: a variant H does not allow.
+            CUDA failures.
     """
     from . import _api
 
@@ -113,26 +116,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", default=None, help="CUDA device: N or cuda:N (default: LOCAL_RANK, else 0)")
     a = p.parse_args(argv)
     group = None
+    variants = [v for v in a.variants.split(",") if v]
     try:
-        if _env_int("WORLD_SIZE", 1) > 1:  # under torchrun: the world group
+        world = _env_int("WORLD_SIZE", 1)
+        # The arguments first (run() checks them again): refused before torch looks for a GPU.
+        from . import _api
+
+        _api._lib().self_test_check(a.hidden, a.hc, a.top_k, variants, a.ms, world)
+        if world > 1:  # under torchrun: the world group
             import torch
             import torch.distributed as dist
 
             local = _env_int("LOCAL_RANK", 0)
-            if not torch.cuda.is_available():  # else init_process_group("nccl") raises a ValueError (exit 1)
+            if not torch.cuda.is_available():  # else init_process_group("nccl") raises a ValueError
                 raise NoDeviceError("no CUDA device: PyTorch sees none (torch.cuda.is_available() is False), "
                                     "and the group's NCCL process group needs one a rank")
             torch.cuda.set_device(local)
             if not dist.is_initialized():
                 dist.init_process_group("nccl")
         device = int(a.device) if a.device is not None and a.device.isascii() and a.device.isdigit() else a.device
-        ok, _, first = run(group, device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k,
-                           variants=[v for v in a.variants.split(",") if v],
+        ok, _, first = run(group, device, hidden_size=a.hidden, hc_mult=a.hc, top_k=a.top_k, variants=variants,
                            ms=a.ms, tuning_file=a.tuning_file)
     except NoDeviceError as e:
         print(f"mhccl.selftest: {e}", file=sys.stderr)  # the message says "no CUDA device" and CUDA's reason
         return 2
-    except (ValueError, TypeError) as e:  # argument errors (mhccl.InvalidArgumentError and the like)
+    except (ValueError, ArgumentTypeError) as e:  # argument errors (mhccl.InvalidArgumentError and the like)
         print(f"mhccl.selftest: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # every other mhccl.Error

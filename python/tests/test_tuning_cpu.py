@@ -180,7 +180,10 @@ def test_selftest_takes_any_sequence_and_names_a_bad_local_rank(monkeypatch):
     (["--hc", "3"], {}, 2, "hc_mult: expected 1, 2, 4 or 8"),
     (["--variants", "mxfp9"], {}, 2, "got 'mxfp9'"),
     (["--device", "-1"], {}, 2, "device: expected a CUDA device"),
-    ([], {"WORLD_SIZE": "two"}, 2, "WORLD_SIZE: expected a whole number")])
+    ([], {"WORLD_SIZE": "two"}, 2, "WORLD_SIZE: expected a whole number"),
+    # Under torchrun too, the arguments before torch looks for a GPU.
+    (["--hc", "3"], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, 2, "hc_mult: expected 1, 2, 4 or 8"),
+    ([], {"WORLD_SIZE": "3", "RANK": "1", "LOCAL_RANK": "1"}, 2, "tp: expected 1, 2, 4 or 8")])
 def test_selftest_command_line_names_a_bad_value(args, env, code, says):
     pytest.importorskip("mhccl._mhccl")
     full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "MHCCL_TUNING_FILE")}

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "launch/cli.h"
 #include "launch/launcher.h"
 #include "mhccl/checks.h"
 
@@ -126,6 +127,14 @@ TEST(LauncherFailures, CommandLineValues) {
   EXPECT_EQ(o.argv, (std::vector<std::string>{"prog", "--timeout", "3"}));
   EXPECT_EQ(parse({"-n", "0x3", "prog"}, o), 2);
   EXPECT_EQ(parse({"-n", "00", "prog"}, o), 2);
+  EXPECT_EQ(parse({"-n", "", "prog"}, o), 2);
+}
+
+// The tools' default TP on a machine of 3, 5, 6 or 7 GPUs (a review, 2026-12-05: every local GPU
+// as one group, a TP no op builds, failed only after its ranks started).
+TEST(LauncherFailures, DefaultTpIsOneTheOpsSupport) {
+  const int want[] = {1, 1, 2, 2, 4, 4, 4, 4, 8, 8, 8};
+  for (int gpus = 0; gpus <= 10; ++gpus) EXPECT_EQ(launch::supported_tp_at_most(gpus), want[gpus]) << gpus << " GPUs";
 }
 
 // An empty path is no file: mhccl-tune --out "" swept for minutes, then could not write.

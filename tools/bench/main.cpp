@@ -23,6 +23,7 @@
 #include "bench/bench.h"
 #include "common/devices.h"
 #include "common/nvtx.h"
+#include "launch/cli.h"
 #include "launch/launcher.h"
 #include "ops/tuning.h"
 #include "mhccl/checks.h"
@@ -249,8 +250,9 @@ int main(int argc, char** argv) {
              "reason printed).");
   app.set_version_flag("--version", std::string("mhccl-bench (mhccl ") + mhccl::tuning::library_version() + ")");
   app.add_option("--tp", o.tps, "TP sizes to run, 1, 2, 4 or 8 (a list: --tp 2,1 or --tp 2 1; default: every local "
-                                "GPU as one group, then 1)")
+                                "GPU as one group, or the first 1, 2, 4 or 8 of them, then 1)")
       ->delimiter(',')
+      ->transform(mhccl::launch::decimal_digits())
       ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--ops", o.ops, "comma list of allgather, allreduce, twoshot, fp8 (default: all), and simulated "
                                  "(by name only: TP = 2 and 4 simulated on one GPU, timed at the TP=1 pass)")
@@ -322,8 +324,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.tps.empty()) {
-    o.tps.push_back(gpus);
-    if (gpus > 1) o.tps.push_back(1);
+    const int tp = mhccl::launch::supported_tp_at_most(gpus);
+    if (tp != gpus) std::printf("mhccl-bench: %d GPUs; TP=%d on the first %d (TP is 1, 2, 4 or 8)\n", gpus, tp, tp);
+    o.tps.push_back(tp);
+    if (tp > 1) o.tps.push_back(1);
   }
   for (int tp : o.tps) {  // a TP asked for that cannot run: refused, not skipped into a PASS
     if (tp > gpus) {

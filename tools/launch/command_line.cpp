@@ -1,5 +1,4 @@
 // mhccl-launch's command line (CLI11).
-#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <string>
@@ -7,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launch/cli.h"
 #include "launch/launcher.h"
 
 namespace mhccl::launch {
@@ -24,18 +24,9 @@ int parse_command_line(int argc, char** argv, Options& opts) {
       "Exit: 0 passed, 77 skipped (fewer GPUs than ranks), 124 deadline, 2 bad command line,\n"
       "else the first failing rank's code.",
       "mhccl-launch"};
-  // Whole numbers in decimal, as the launcher read them before CLI11: CLI11 (2.1) would read
-  // "010" as octal (8) and take "0x3"; leading zeros are dropped, anything but digits refused.
-  // Given twice, an option's last value holds (a wrapper's default, then its caller's).
-  const CLI::Validator decimal(
-      [](std::string& v) -> std::string {
-        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
-          return "expected a whole number in decimal digits, got '" + v + "'";
-        }
-        v.erase(0, std::min(v.find_first_not_of('0'), v.size() - 1));
-        return {};
-      },
-      "", "DECIMAL");
+  // Whole numbers in decimal, as the launcher read them before CLI11 (cli.h). Given twice, an
+  // option's last value holds (a wrapper's default, then its caller's).
+  const CLI::Validator decimal = decimal_digits();
   app.add_option("-n,--nprocs", opts.nprocs, "ranks to start (default: every local GPU)")
       ->transform(decimal)
       ->check(CLI::Range(1, INT_MAX))

@@ -1,6 +1,7 @@
 // mhccl's local launcher: one process per GPU of this machine, no MPI. Each child gets
 // MHCCL_RANK, MHCCL_WORLD_SIZE, MHCCL_LOCAL_RANK and a fresh MHCCL_UNIQUE_ID_FILE
-// (include/mhccl/bootstrap.h); its output is forwarded line by line with a rank prefix; the
+// (include/mhccl/bootstrap.h); its output is forwarded line by line with a rank prefix (a line
+// is held until its newline, or the rank's end, so that lines of ranks never mix); the
 // group is killed when one rank fails (after Options::grace_s) or the deadline passes.
 #pragma once
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/devices.h"
+#include "launch/cli.h"
 #include "launch/launcher.h"
 #include "mhccl/checks.h"
 #include "mhccl/error.h"
@@ -140,9 +141,11 @@ int main(int argc, char** argv) {
                "group of every local GPU; one GPU: TP=1 through its own mailbox) and writes a tuning table of\n"
                "thresholds and launch shapes (docs/TUNING.md). --verify: the deployment self-test."};
   app.footer("Exit: 0 the table written (--verify: every case passed); 1 the sweep failed (--verify: a case failed,\n"
-             "the first printed with its reason); 2 a bad command line, or no CUDA device (the reason printed).");
+             "the first printed with its reason); 2 a bad command line, no CUDA device (the reason printed), or\n"
+             "the table could not be written.");
   app.set_version_flag("--version", std::string("mhccl-tune (mhccl ") + mhccl::tuning::library_version() + ")");
-  app.add_option("--tp", tp, "ranks of the group, 1, 2, 4 or 8 (default: every local GPU)")
+  app.add_option("--tp", tp, "ranks of the group, 1, 2, 4 or 8 (default: every local GPU, or the first 1, 2, 4 or 8 of them)")
+      ->transform(mhccl::launch::decimal_digits())
       ->check(CLI::IsMember({1, 2, 4, 8}));
   app.add_option("--hidden", o.hidden, "H (default 5120)");
   app.add_option("--hc", o.hc, "hc (default 4)");
@@ -227,7 +230,12 @@ int main(int argc, char** argv) {
                  devices.why_none.c_str());
     return 2;
   }
-  if (tp == 0) tp = devices.count;
+  if (tp == 0) {
+    tp = mhccl::launch::supported_tp_at_most(devices.count);
+    if (tp != devices.count) {
+      std::printf("mhccl-tune: %d GPUs; TP=%d on the first %d (TP is 1, 2, 4 or 8)\n", devices.count, tp, tp);
+    }
+  }
   if (tp < 1 || tp > devices.count) {
     std::fprintf(stderr, "mhccl-tune: --tp %d needs %d GPUs, found %d\n", tp, tp, devices.count);
     return 2;

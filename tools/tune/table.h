@@ -69,6 +69,8 @@ inline nlohmann::json merged_table(const std::string& path, const nlohmann::json
     }
     if (!why.empty()) {
       const std::string bak = path + ".bak";
+      std::error_code none;
+      if (std::filesystem::exists(bak, none)) std::printf("mhccl-tune: %s: replacing the earlier %s\n", path.c_str(), bak.c_str());
       std::filesystem::rename(path, bak, ec);
       const std::string kept = ec ? "it could not be kept as " + bak + " (" + ec.message() + ")" : "moved to " + bak;
       std::printf("mhccl-tune: %s: %s; %s, and the table written holds this run's entries alone\n", path.c_str(),
